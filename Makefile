@@ -1,0 +1,35 @@
+# onnxfuse: `make demo` installs everything and optimizes a bundled model; `make test` runs the tests.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DEMO   ?= models/lstm_cell.onnx
+
+.PHONY: install test test-fast demo bench models clean
+
+install: $(STAMP)
+
+# System packages first (only what is missing), then the virtualenv with the project in it.
+$(STAMP): pyproject.toml
+	@command -v gcc >/dev/null || (apt-get update -qq && apt-get install -y -qq gcc)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+test: install
+	$(BIN)/pytest -n 2 -q
+
+test-fast: install
+	$(BIN)/pytest -q -m "not slow"
+
+models: install
+	$(BIN)/python models/make_models.py
+
+demo: install
+	$(BIN)/onnxfuse inspect $(DEMO)
+	$(BIN)/onnxfuse optimize $(DEMO) -o out/demo.fused.onnx --report out/demo.report.json
+	$(BIN)/onnxfuse verify $(DEMO) out/demo.fused.onnx
+
+clean:
+	rm -rf out build *.egg-info .pytest_cache
