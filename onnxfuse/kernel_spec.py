@@ -1,0 +1,80 @@
+"""What a compiled kernel looks like from the outside: the contract between codegen and runtime.
+
+Codegen produces a `KernelSpec` per fused group; the runtime library builder turns a list of them
+into one custom-op library; packaging writes one ONNX node per spec (op_type = spec.name in the
+`DOMAIN` domain, inputs in `spec.inputs` order, weights included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+DOMAIN = "ai.onnxfuse"
+DOMAIN_VERSION = 1
+
+# The dtypes a kernel may take or return, as numpy names, with their ONNX TensorProto codes.
+ONNX_DTYPE_CODES = {
+    "float32": 1,
+    "uint8": 2,
+    "int8": 3,
+    "uint16": 4,
+    "int16": 5,
+    "int32": 6,
+    "int64": 7,
+    "bool": 9,
+    "float16": 10,
+    "float64": 11,
+    "uint32": 12,
+    "uint64": 13,
+}
+
+Dim = int | str
+"""A dimension: an int is static, a str names a symbolic dimension bound from the inputs at run time."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    dtype: str
+    shape: tuple[Dim, ...]
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ONNX_DTYPE_CODES:
+            raise ValueError(f"unsupported kernel dtype {self.dtype!r}")
+
+    @property
+    def onnx_dtype(self) -> int:
+        return ONNX_DTYPE_CODES[self.dtype]
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        return tuple(d for d in self.shape if isinstance(d, str))
+
+    def concrete(self, bindings: dict[str, int]) -> tuple[int, ...]:
+        """The shape with every symbolic dimension replaced by its bound value."""
+        return tuple(bindings[d] if isinstance(d, str) else d for d in self.shape)
+
+    @staticmethod
+    def of(array: np.ndarray) -> "TensorSpec":
+        return TensorSpec(str(array.dtype), tuple(int(d) for d in array.shape))
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One compiled kernel: `__tvm_ffi_<name>` in `object_file`, called as (inputs..., outputs...)."""
+
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    object_file: str
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"kernel name {self.name!r} must be a C identifier")
+        bound = {s for t in self.inputs for s in t.symbols}
+        unbound = {s for t in self.outputs for s in t.symbols} - bound
+        if unbound:
+            raise ValueError(
+                f"kernel {self.name}: output dims {sorted(unbound)} are not dims of any input"
+            )

@@ -1,0 +1,56 @@
+"""Compilation targets: one name the user types → the TVM target and the C toolchain for it."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+
+from .errors import UsageError
+
+TARGET_NAMES = ("native", "x86_64", "aarch64")
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    triple: str
+    cc: str
+    mcpu: str | None = None
+    mattr: tuple[str, ...] = field(default_factory=tuple)
+
+    def tvm_target(self):
+        """The TVM target object (TVM 0.27 takes JSON-style dicts only)."""
+        import tvm
+
+        spec: dict = {"kind": "llvm", "mtriple": self.triple}
+        if self.mcpu:
+            spec["mcpu"] = self.mcpu
+        if self.mattr:
+            spec["mattr"] = list(self.mattr)
+        return tvm.target.Target(spec)
+
+    @property
+    def key(self) -> str:
+        """Identifies the generated code, for the compile cache."""
+        return f"{self.triple}|{self.mcpu}|{','.join(self.mattr)}"
+
+    def require_toolchain(self) -> None:
+        if shutil.which(self.cc) is None:
+            raise UsageError(
+                f"target {self.name} needs the C compiler {self.cc!r}, which is not installed "
+                f"(run `make install`)"
+            )
+
+
+def resolve_target(name: str = "native", mcpu: str | None = None, mattr: str | None = None) -> Target:
+    """`native` = this machine's CPU; `x86_64` = portable x86-64; `aarch64` = ARMv8 Linux (NEON)."""
+    extra = tuple(a.strip() for a in mattr.split(",")) if mattr else ()
+    if name == "native":
+        import tvm
+
+        return Target("native", "x86_64-linux-gnu", "gcc", mcpu or tvm.target.codegen.llvm_get_system_cpu(), extra)
+    if name == "x86_64":
+        return Target("x86_64", "x86_64-linux-gnu", "gcc", mcpu or "x86-64-v2", extra)
+    if name == "aarch64":
+        return Target("aarch64", "aarch64-linux-gnu", "aarch64-linux-gnu-gcc", mcpu or "generic", extra or ("+neon",))
+    raise UsageError(f"unknown target {name!r}; choose one of {', '.join(TARGET_NAMES)}")
