@@ -1,0 +1,156 @@
+"""The graph fusion works on: nodes in topological order, each edge labelled with a pattern.
+
+An edge producer → consumer carries the consumer's pattern kind, refined as TVM does: a broadcast
+consumer reading an input of its own output shape is elementwise *on that edge*. Edges into
+compile-time positions (a Reshape's shape, a Slice's starts) are opaque: they are not dataflow a
+kernel could take over, so they never pull their producer into a group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import Graph, Node
+from ..ops import COMPILABLE_DTYPES, OPAQUE_REASONS, OpKind, combine, op_info
+
+# Ops whose compile-time shape input can be recovered from their (static) output shape.
+SHAPE_FROM_OUTPUT = frozenset({"Reshape", "Expand"})
+
+
+@dataclass
+class Edge:
+    dst: int  # position of the consumer
+    pattern: OpKind
+    epilogue: OpKind  # the pattern with epilogue-safe injective consumers counted as elementwise
+
+
+@dataclass
+class FusionNode:
+    pos: int  # position in topological order
+    node: Node
+    kind: OpKind
+    epilogue_kind: OpKind
+    opaque_reason: str | None
+    outputs: list[Edge] = field(default_factory=list)
+    exports: bool = False  # produces a graph output
+
+
+@dataclass
+class ForwardGraph:
+    nodes: list[FusionNode]
+    graph: Graph
+
+    def pos(self, node_index: int) -> int:
+        return self._pos[node_index]
+
+    def __post_init__(self) -> None:
+        self._pos = {fn.node.index: fn.pos for fn in self.nodes}
+
+
+def classify(node: Node, graph: Graph) -> tuple[OpKind, str | None]:
+    """The node's pattern kind, and why it is opaque when it is."""
+    if node.has_subgraph:
+        return OpKind.OPAQUE, f"{node.op_type} has a subgraph; it runs as it is"
+    info = op_info(node.op_type, node.domain)
+    if info is None:
+        if node.domain not in ("", "ai.onnx"):
+            return OpKind.OPAQUE, f"op {node.op_type} of domain {node.domain!r} is not fused"
+        return OpKind.OPAQUE, OPAQUE_REASONS.get(node.op_type, f"no fusion rule for {node.op_type}")
+    live_outputs = [o for o in node.outputs if o]
+    if node.op_type in ("Dropout", "BatchNormalization") and len(live_outputs) > 1:
+        return OpKind.OPAQUE, f"{node.op_type} in training mode (extra outputs)"
+    for name in [n for n in node.inputs if n] + live_outputs:
+        dtype = graph.value(name).dtype
+        if dtype is None:
+            return OpKind.OPAQUE, f"dtype of {name!r} is unknown"
+        if dtype not in COMPILABLE_DTYPES:
+            return OpKind.OPAQUE, f"dtype {dtype} is not compilable"
+    for position in info.static_inputs:
+        if position >= len(node.inputs) or not node.inputs[position]:
+            continue
+        if graph.value(node.inputs[position]).is_constant:
+            continue
+        out = graph.value(node.outputs[0])
+        if node.op_type in SHAPE_FROM_OUTPUT and out.is_static:
+            continue
+        return OpKind.OPAQUE, f"input {position} of {node.op_type} is computed at run time"
+    return info.kind, None
+
+
+def build_forward_graph(graph: Graph) -> ForwardGraph:
+    order = graph.topological_order
+    nodes: list[FusionNode] = []
+    for pos, index in enumerate(order):
+        node = graph.nodes[index]
+        kind, reason = classify(node, graph)
+        info = op_info(node.op_type, node.domain)
+        epilogue_kind = OpKind.ELEMWISE if (info and info.epilogue_safe and kind != OpKind.OPAQUE) else kind
+        exports = any(o and graph.value(o).is_graph_output for o in node.outputs)
+        nodes.append(FusionNode(pos, node, kind, epilogue_kind, reason, exports=exports))
+    fg = ForwardGraph(nodes, graph)
+    _add_edges(fg)
+    _mark_shape_computations(fg)
+    return fg
+
+
+def _mark_shape_computations(fg: ForwardGraph) -> None:
+    """Nodes whose results only ever feed compile-time inputs compute shapes, not data.
+
+    onnxruntime evaluates those in microseconds; compiling them as kernels would only add work,
+    and fusing them would pull run-time shape arithmetic into a group.
+    """
+    shape_only = [False] * len(fg.nodes)
+    for fnode in reversed(fg.nodes):
+        if fnode.exports or not fnode.outputs or fnode.kind == OpKind.OPAQUE:
+            continue
+        if all(shape_only[e.dst] or _feeds_static(fg, fnode, e.dst) for e in fnode.outputs):
+            shape_only[fnode.pos] = True
+            first = fg.nodes[fnode.outputs[0].dst].node
+            fnode.kind = fnode.epilogue_kind = OpKind.OPAQUE
+            fnode.opaque_reason = f"it computes a shape (for {first.label}); onnxruntime does that"
+    for fnode in fg.nodes:
+        if shape_only[fnode.pos]:
+            for edge in fnode.outputs:
+                edge.pattern = edge.epilogue = OpKind.OPAQUE
+    for fnode in fg.nodes:  # edges into the newly opaque nodes are opaque too
+        for edge in fnode.outputs:
+            if shape_only[edge.dst]:
+                edge.pattern = edge.epilogue = OpKind.OPAQUE
+
+
+def _feeds_static(fg: ForwardGraph, producer: FusionNode, consumer_pos: int) -> bool:
+    """True when every use of `producer`'s outputs by the consumer is at a compile-time position."""
+    consumer = fg.nodes[consumer_pos].node
+    info = op_info(consumer.op_type, consumer.domain)
+    static = set(info.static_inputs) if info else set()
+    produced = set(producer.node.outputs)
+    uses = [p for p, n in enumerate(consumer.inputs) if n in produced]
+    return bool(uses) and all(p in static for p in uses)
+
+
+def _add_edges(fg: ForwardGraph) -> None:
+    graph = fg.graph
+    for consumer in fg.nodes:
+        node = consumer.node
+        info = op_info(node.op_type, node.domain)
+        static = set(info.static_inputs) if info else set()
+        out_shape = graph.value(node.outputs[0]).shape if node.outputs and node.outputs[0] else None
+        edges: dict[int, tuple[OpKind, OpKind]] = {}
+        reads = [(p, n) for p, n in enumerate(node.inputs) if n] + [(-1, n) for n in node.implicit_inputs]
+        for position, name in reads:
+            value = graph.value(name)
+            if value.producer is None:
+                continue
+            if position in static or position < 0 or consumer.kind == OpKind.OPAQUE:
+                pattern = epilogue = OpKind.OPAQUE
+            else:
+                pattern, epilogue = consumer.kind, consumer.epilogue_kind
+                if pattern == OpKind.BROADCAST and value.shape is not None and value.shape == out_shape and None not in value.shape:
+                    pattern = epilogue = OpKind.ELEMWISE
+            src = fg.pos(value.producer)
+            if src in edges:
+                old_p, old_e = edges[src]
+                pattern, epilogue = combine(old_p, pattern), combine(old_e, epilogue)
+            edges[src] = (pattern, epilogue)
+        for src, (pattern, epilogue) in edges.items():
+            fg.nodes[src].outputs.append(Edge(consumer.pos, pattern, epilogue))

@@ -1,0 +1,210 @@
+"""Union-find grouping driven by the post-dominator tree: TVM's GraphPartitioner, and past it.
+
+Phase 0 fuses anchors (MatMul, Conv, ...) with their elementwise epilogues and elementwise or
+broadcast ops into their post-dominators; phase 1 fuses injective ops (deferred so anchors finish
+first). A node fuses into its post-dominator only if every node on every path between them passes
+the phase's condition (`_check_path`): that, and merging *all* of those nodes, is what keeps groups
+convex and the group graph acyclic.
+
+Beyond TVM (each switchable in `FusionOptions`):
+- split fan-out: an anchor's epilogue may pass through epilogue-safe injective ops, so
+  MatMul -> Split -> gates -> Mul/Add is one group;
+- multi-anchor: a second anchor may join a group that already has one when they meet at an
+  elementwise sink (the two MatMuls of a GRU/LSTM cell);
+- injective into reduce: injective chains may end in a reduction (a tree ensemble's leaf gather
+  feeding its mean over trees).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ops import OpKind, combine
+from .forward_graph import ForwardGraph
+from .postdom import DomNode
+
+
+@dataclass(frozen=True)
+class FusionOptions:
+    max_depth: int = 256
+    """At most this many ops in one group (TVM's max_fuse_depth)."""
+    max_inputs: int = 64
+    """At most this many distinct input values (weights included) in one group."""
+    split_fanout: bool = True
+    multi_anchor: bool = True
+    injective_into_reduce: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_depth < 1:
+            raise ValueError("max_depth must be at least 1")
+        if self.max_inputs < 1:
+            raise ValueError("max_inputs must be at least 1")
+
+
+@dataclass
+class Group:
+    pattern: OpKind  # TVM's group pattern: the root op's, raised when an anchor joins
+    epilogue: OpKind  # the max epilogue kind over members
+    members: list[int] = field(default_factory=list)
+    anchored: bool = False
+    parent: "Group | None" = None
+
+    def root(self) -> "Group":
+        node = self
+        while node.parent is not None:
+            node = node.parent
+        while self.parent is not None:  # path compression
+            self.parent, self = node, self.parent
+        return node
+
+
+class Partitioner:
+    def __init__(self, fg: ForwardGraph, tree: list[DomNode], options: FusionOptions):
+        self.fg, self.tree, self.options = fg, tree, options
+        self.groups = [
+            Group(n.kind, n.epilogue_kind, [n.pos], anchored=n.kind == OpKind.OUT_EWISE_FUSABLE)
+            for n in fg.nodes
+        ]
+        self.reasons: dict[int, str] = {}
+
+    def run(self) -> list[Group]:
+        for phase in (0, 1):
+            for pos in range(len(self.fg.nodes)):
+                self._try_fuse(pos, phase)
+        return [g.root() for g in self.groups]
+
+    # -- one node, one phase -------------------------------------------------------------------
+    def _try_fuse(self, pos: int, phase: int) -> None:
+        fnode, group, dom = self.fg.nodes[pos], self.groups[pos], self.tree[pos]
+        if group.pattern == OpKind.OPAQUE:
+            self.reasons[pos] = f"opaque: {fnode.opaque_reason}"
+            return
+        if dom.parent is None:
+            self.reasons[pos] = self._no_dominator_reason(pos)
+            return
+        sink = dom.parent
+        if self.groups[sink].root() is group.root():
+            return
+        if group.pattern == OpKind.OUT_EWISE_FUSABLE:
+            if phase == 0:
+                self._fuse_anchor(pos, sink, dom)
+        elif group.pattern <= OpKind.BROADCAST:
+            self._fuse_elementwise(pos, sink, dom)
+        elif group.pattern == OpKind.INJECTIVE:
+            if phase == 1:
+                self._fuse_injective(pos, sink)
+        else:
+            self.reasons[pos] = "a reduction's result is not fused into its consumers"
+
+    def _fuse_anchor(self, pos: int, sink: int, dom: DomNode) -> None:
+        edge = dom.epilogue if self.options.split_fanout else dom.pattern
+        if edge != OpKind.ELEMWISE:
+            self.reasons[pos] = (
+                f"{self._op(pos)} absorbs only elementwise consumers; the way to its "
+                f"post-dominator {self._label(sink)} is {edge.label}"
+            )
+            return
+        sink_root = self.groups[sink].root()
+
+        def allowed(root: Group, is_sink: bool) -> bool:
+            kind = root.epilogue if self.options.split_fanout else combine(root.pattern, root.epilogue)
+            if kind <= OpKind.BROADCAST:
+                return True
+            return self.options.multi_anchor and root is sink_root and root.anchored
+        self._fuse_if_path(pos, sink, allowed)
+
+    def _fuse_elementwise(self, pos: int, sink: int, dom: DomNode) -> None:
+        if not (dom.pattern <= OpKind.INJECTIVE or dom.pattern == OpKind.COMM_REDUCE):
+            self.reasons[pos] = (
+                f"its post-dominator {self._label(sink)} is reached through a {dom.pattern.label} edge"
+            )
+            return
+
+        def allowed(root: Group, is_sink: bool) -> bool:
+            return root.pattern != OpKind.OPAQUE if is_sink else root.pattern <= OpKind.INJECTIVE
+        self._fuse_if_path(pos, sink, allowed)
+
+    def _fuse_injective(self, pos: int, sink: int) -> None:
+        into_reduce = self.options.injective_into_reduce
+
+        def allowed(root: Group, is_sink: bool) -> bool:
+            if root.pattern <= OpKind.INJECTIVE:
+                return True
+            return is_sink and into_reduce and root.pattern == OpKind.COMM_REDUCE and not root.anchored
+        self._fuse_if_path(pos, sink, allowed)
+
+    # -- the path check and the commit ----------------------------------------------------------
+    def _fuse_if_path(self, src: int, sink: int, allowed) -> None:
+        on_path, blocker = self._walk_paths(src, sink, allowed)
+        if blocker is not None:
+            what = self._label(blocker)
+            self.reasons[src] = (
+                f"would create a cycle: {what} lies between it and {self._label(sink)} and cannot join"
+                if blocker != sink else f"its post-dominator {what} cannot take it"
+            )
+            return
+        roots = {id(r): r for r in (self.groups[p].root() for p in on_path | {src, sink})}
+        size = sum(len(r.members) for r in roots.values())
+        if size > self.options.max_depth:
+            self.reasons[src] = f"depth bound: the group would have {size} ops > max depth {self.options.max_depth}"
+            return
+        inputs = self._distinct_inputs([m for r in roots.values() for m in r.members])
+        if inputs > self.options.max_inputs:
+            self.reasons[src] = f"input bound: the group would read {inputs} values > max inputs {self.options.max_inputs}"
+            return
+        target = self.groups[sink].root()
+        for root in roots.values():
+            self._merge(root, target)
+
+    def _walk_paths(self, src: int, sink: int, allowed) -> tuple[set[int], int | None]:
+        """Every node on a path src → sink (excluding src), or the first node that fails `allowed`.
+
+        An opaque edge (into a compile-time input) on the way fails too: it is not dataflow.
+        """
+        seen: set[int] = set()
+        stack = [(src, e) for e in self.fg.nodes[src].outputs]
+        while stack:
+            frm, edge = stack.pop()
+            if edge.pattern == OpKind.OPAQUE:
+                return seen, edge.dst
+            node = edge.dst
+            if node in seen:
+                continue
+            seen.add(node)
+            root = self.groups[node].root()
+            if not allowed(root, node == sink):
+                return seen, node
+            if node != sink:
+                stack.extend((node, e) for e in self.fg.nodes[node].outputs)
+        return seen, None
+
+    def _merge(self, child: Group, parent: Group) -> None:
+        child, parent = child.root(), parent.root()
+        if child is parent:
+            return
+        parent.members.extend(child.members)
+        child.members = []
+        child.parent = parent
+        parent.epilogue = combine(parent.epilogue, child.epilogue)
+        if child.anchored:
+            parent.anchored = True
+            parent.pattern = combine(parent.pattern, child.pattern)
+
+    # -- reporting helpers -------------------------------------------------------------------------
+    def _distinct_inputs(self, members: list[int]) -> int:
+        graph = self.fg.graph
+        nodes = [self.fg.nodes[m].node for m in members]
+        produced = {o for n in nodes for o in n.outputs}
+        return len({i for n in nodes for i in n.inputs if i and i not in produced})
+
+    def _no_dominator_reason(self, pos: int) -> str:
+        fnode = self.fg.nodes[pos]
+        if not fnode.outputs:
+            return "it produces only graph outputs; nothing after it to fuse with"
+        return "its results flow to several places that never rejoin (no post-dominator)"
+
+    def _op(self, pos: int) -> str:
+        return self.fg.nodes[pos].node.op_type
+
+    def _label(self, pos: int) -> str:
+        return self.fg.nodes[pos].node.label

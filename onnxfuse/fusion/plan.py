@@ -1,0 +1,123 @@
+"""The fusion plan: which original nodes form which group, and why the rest stay alone.
+
+`plan_fusion` is the whole analysis (forward graph → post-dominator tree → partition); the plan it
+returns speaks only in terms of the user's model (indices into `graph.node`), so it can be printed,
+serialised, and handed to code generation without exposing the analysis internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import Graph
+from ..ops import OpKind
+from .forward_graph import build_forward_graph
+from .partition import FusionOptions, Partitioner
+from .postdom import post_dominator_tree
+
+
+@dataclass(frozen=True)
+class FusedGroup:
+    name: str
+    node_indices: tuple[int, ...]  # in topological order
+    op_types: tuple[str, ...]
+    inputs: tuple[str, ...]  # values read from outside the group (weights included), first-use order
+    outputs: tuple[str, ...]  # values used after the group or returned by the graph
+    anchored: bool  # contains a MatMul/Conv-like op
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "node_indices": list(self.node_indices),
+            "op_types": list(self.op_types),
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "size": len(self.node_indices),
+        }
+
+
+@dataclass(frozen=True)
+class UnfusedNode:
+    node_index: int
+    op_type: str
+    reason: str
+
+    def to_json(self) -> dict:
+        return {"node_index": self.node_index, "op_type": self.op_type, "reason": self.reason}
+
+
+@dataclass
+class FusionPlan:
+    groups: list[FusedGroup]
+    unfused: list[UnfusedNode]
+    options: FusionOptions
+    node_count: int
+    kinds: dict[int, OpKind] = field(default_factory=dict)  # node index → pattern kind
+
+    def group_of(self) -> dict[int, str]:
+        return {i: g.name for g in self.groups for i in g.node_indices}
+
+    def to_json(self) -> dict:
+        return {
+            "node_count": self.node_count,
+            "fused_node_count": sum(len(g.node_indices) for g in self.groups),
+            "options": {"max_depth": self.options.max_depth, "max_inputs": self.options.max_inputs},
+            "groups": [g.to_json() for g in self.groups],
+            "unfused": [u.to_json() for u in self.unfused],
+        }
+
+
+def plan_fusion(graph: Graph, options: FusionOptions | None = None) -> FusionPlan:
+    options = options or FusionOptions()
+    fg = build_forward_graph(graph)
+    tree = post_dominator_tree(fg)
+    partitioner = Partitioner(fg, tree, options)
+    roots = partitioner.run()
+
+    by_root: dict[int, list[int]] = {}
+    for pos, root in enumerate(roots):
+        by_root.setdefault(id(root), []).append(pos)
+
+    groups: list[FusedGroup] = []
+    unfused: list[UnfusedNode] = []
+    for positions in sorted(by_root.values(), key=lambda ps: ps[0]):
+        nodes = [fg.nodes[p].node for p in sorted(positions)]
+        if len(nodes) == 1:
+            pos = positions[0]
+            reason = partitioner.reasons.get(pos, "nothing next to it could fuse with it")
+            unfused.append(UnfusedNode(nodes[0].index, nodes[0].op_type, reason))
+            continue
+        inputs, outputs = _boundary(graph, nodes)
+        groups.append(
+            FusedGroup(
+                name=f"group_{len(groups)}",
+                node_indices=tuple(n.index for n in nodes),
+                op_types=tuple(n.op_type for n in nodes),
+                inputs=tuple(inputs),
+                outputs=tuple(outputs),
+                anchored=roots[positions[0]].anchored,
+            )
+        )
+    unfused.sort(key=lambda u: u.node_index)
+    kinds = {fn.node.index: fn.kind for fn in fg.nodes}
+    return FusionPlan(groups, unfused, options, len(graph.nodes), kinds)
+
+
+def _boundary(graph: Graph, nodes) -> tuple[list[str], list[str]]:
+    """The values a group reads from outside, and the values it must hand back."""
+    members = {n.index for n in nodes}
+    produced = {o for n in nodes for o in n.outputs if o}
+    inputs: list[str] = []
+    for n in nodes:
+        for name in n.inputs:
+            if name and name not in produced and name not in inputs:
+                inputs.append(name)
+    outputs: list[str] = []
+    for n in nodes:
+        for name in n.outputs:
+            if not name:
+                continue
+            v = graph.value(name)
+            if v.is_graph_output or any(c not in members for c in v.consumers):
+                outputs.append(name)
+    return inputs, outputs

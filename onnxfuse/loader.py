@@ -1,0 +1,213 @@
+"""Load an ONNX file (or ModelProto) into onnxfuse's DAG, with inferred shapes where possible.
+
+Every failure to read the input becomes a one-line `ModelLoadError`; a model whose shapes cannot be
+inferred still loads, with unknown shapes, because fusion needs only the dataflow.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import onnx
+from onnx import external_data_helper, helper
+
+from .errors import ModelLoadError
+from .ir import Dim, Graph, Node, Value
+
+
+def load_model(source: str | os.PathLike | onnx.ModelProto) -> Graph:
+    """Read a model from a path (external data resolved beside it) or take a ModelProto."""
+    if isinstance(source, onnx.ModelProto):
+        model = source
+        _check_is_model(model, "model")
+        return build_graph(model, _infer_shapes(model))
+    path = Path(source)
+    model = _read_without_external_data(path)
+    _check_is_model(model, path)
+    # Infer before the external data comes in: a >2 GB proto cannot be serialized for inference.
+    inferred = _infer_shapes(model)
+    if _has_external_data(model):
+        try:
+            external_data_helper.load_external_data_for_model(model, str(path.parent))
+        except Exception as exc:
+            raise ModelLoadError(f"{path}: cannot read its external data ({_first_line(exc)})") from None
+    return build_graph(model, inferred)
+
+
+def _read_without_external_data(path: Path) -> onnx.ModelProto:
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: no such file")
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise ModelLoadError(f"{path}: not a readable ONNX model ({_first_line(exc)})") from None
+
+
+def _has_external_data(model: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+def _check_is_model(model: onnx.ModelProto, source) -> None:
+    """Protobuf happily parses many non-ONNX byte strings into an empty message; reject those."""
+    where = source if not isinstance(source, onnx.ModelProto) else "model"
+    if model.ir_version <= 0 or not model.HasField("graph"):
+        raise ModelLoadError(f"{where}: not an ONNX model (no IR version or graph)")
+    if not model.opset_import:
+        raise ModelLoadError(f"{where}: not an ONNX model (no opset import)")
+
+
+def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """Shapes from ONNX inference, with data propagation when it works; None if nothing works."""
+    for data_prop in (True, False):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return onnx.shape_inference.infer_shapes(model, data_prop=data_prop)
+        except Exception:
+            continue
+    return None
+
+
+def build_graph(model: onnx.ModelProto, inferred: onnx.ModelProto | None = None) -> Graph:
+    """Make the DAG: values with producers/consumers, types from `inferred` where known."""
+    g = model.graph
+    values: dict[str, Value] = {}
+
+    def value(name: str) -> Value:
+        if name not in values:
+            values[name] = Value(name)
+        return values[name]
+
+    for init in g.initializer:
+        v = value(init.name)
+        v.initializer = init
+        v.dtype = _np_dtype(init.data_type)
+        v.shape = tuple(int(d) for d in init.dims)
+    for vi in g.input:
+        v = value(vi.name)
+        if v.initializer is None:
+            v.is_graph_input = True
+        _set_type(v, vi)
+    for vi in list(g.value_info) + list(g.output):
+        _set_type(value(vi.name), vi)
+    if inferred is not None:
+        ig = inferred.graph
+        for vi in list(ig.value_info) + list(ig.output) + list(ig.input):
+            _set_type(value(vi.name), vi, only_if_missing=True)
+
+    nodes: list[Node] = []
+    for index, proto in enumerate(g.node):
+        node = Node(
+            index=index,
+            op_type=proto.op_type,
+            domain=proto.domain if proto.domain != "ai.onnx" else "",
+            name=proto.name,
+            inputs=list(proto.input),
+            outputs=list(proto.output),
+            attributes=_attributes(proto),
+        )
+        subgraphs = _subgraphs(proto)
+        if subgraphs:
+            node.has_subgraph = True
+            node.implicit_inputs = sorted(_captured_names(subgraphs))
+        for out in node.outputs:
+            if not out:
+                continue
+            v = value(out)
+            if v.producer is not None or v.is_graph_input or v.initializer is not None:
+                raise ModelLoadError(f"value {out!r} is defined twice (second time by {node.label})")
+            v.producer = index
+        nodes.append(node)
+
+    for node in nodes:
+        for name in [n for n in node.inputs if n] + node.implicit_inputs:
+            v = values.get(name)
+            if v is None or (v.producer is None and not v.is_graph_input and v.initializer is None):
+                if node.has_subgraph and name in node.implicit_inputs:
+                    # A subgraph may read a name defined later in an enclosing scope we don't see.
+                    node.implicit_inputs.remove(name)
+                    continue
+                raise ModelLoadError(f"{node.label} reads {name!r}, which nothing defines")
+            v.consumers.append(node.index)
+
+    outputs = [o.name for o in g.output]
+    for name in outputs:
+        if name not in values:
+            raise ModelLoadError(f"graph output {name!r} is not defined")
+        values[name].is_graph_output = True
+
+    inputs = [vi.name for vi in g.input if values[vi.name].initializer is None]
+    opsets = {(op.domain if op.domain != "ai.onnx" else ""): op.version for op in model.opset_import}
+    graph = Graph(model=model, nodes=nodes, values=values, inputs=inputs, outputs=outputs, opsets=opsets)
+    try:
+        graph.topological_order  # noqa: B018 - validates acyclicity once, here
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
+    return graph
+
+
+def _set_type(v: Value, vi: onnx.ValueInfoProto, only_if_missing: bool = False) -> None:
+    if not vi.type.HasField("tensor_type"):
+        return
+    tt = vi.type.tensor_type
+    if tt.elem_type and not (only_if_missing and v.dtype):
+        v.dtype = _np_dtype(tt.elem_type)
+    if tt.HasField("shape") and not (only_if_missing and v.shape is not None):
+        v.shape = tuple(_dim(d) for d in tt.shape.dim)
+
+
+def _dim(d: onnx.TensorShapeProto.Dimension) -> Dim:
+    if d.HasField("dim_value"):
+        return int(d.dim_value)
+    if d.HasField("dim_param") and d.dim_param:
+        return d.dim_param
+    return None
+
+
+def _np_dtype(code: int) -> str | None:
+    try:
+        return helper.tensor_dtype_to_np_dtype(code).name
+    except Exception:
+        return None  # strings, bfloat16 and friends: not a numpy-native dtype
+
+
+def _attributes(proto: onnx.NodeProto) -> dict:
+    out = {}
+    for attr in proto.attribute:
+        if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+            continue
+        try:
+            out[attr.name] = helper.get_attribute_value(attr)
+        except Exception:
+            out[attr.name] = None
+    return out
+
+
+def _subgraphs(proto: onnx.NodeProto) -> list[onnx.GraphProto]:
+    found = []
+    for attr in proto.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            found.append(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            found.extend(attr.graphs)
+    return found
+
+
+def _captured_names(subgraphs: list[onnx.GraphProto]) -> set[str]:
+    """Names a subgraph (recursively) reads but does not define: its outer-scope inputs."""
+    captured: set[str] = set()
+    for sub in subgraphs:
+        defined = {i.name for i in sub.input} | {i.name for i in sub.initializer}
+        defined |= {o for n in sub.node for o in n.output}
+        for n in sub.node:
+            captured |= {i for i in n.input if i and i not in defined}
+            captured |= _captured_names(_subgraphs(n)) - defined
+        captured |= {o.name for o in sub.output if o.name not in defined}
+    return captured
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
