@@ -101,13 +101,14 @@ def _mark_shape_computations(fg: ForwardGraph) -> None:
     """
     shape_only = [False] * len(fg.nodes)
     for fnode in reversed(fg.nodes):
-        if fnode.exports or not fnode.outputs or fnode.kind == OpKind.OPAQUE:
+        if fnode.exports or not fnode.outputs:
             continue
         if all(shape_only[e.dst] or _feeds_static(fg, fnode, e.dst) for e in fnode.outputs):
             shape_only[fnode.pos] = True
-            first = fg.nodes[fnode.outputs[0].dst].node
-            fnode.kind = fnode.epilogue_kind = OpKind.OPAQUE
-            fnode.opaque_reason = f"it computes a shape (for {first.label}); onnxruntime does that"
+            if fnode.kind != OpKind.OPAQUE:
+                first = fg.nodes[fnode.outputs[0].dst].node
+                fnode.kind = fnode.epilogue_kind = OpKind.OPAQUE
+                fnode.opaque_reason = f"it computes a shape (for {first.label}); onnxruntime does that"
     for fnode in fg.nodes:
         if shape_only[fnode.pos]:
             for edge in fnode.outputs:

@@ -101,7 +101,7 @@ class Partitioner:
         if edge != OpKind.ELEMWISE:
             self.reasons[pos] = (
                 f"{self._op(pos)} absorbs only elementwise consumers; the way to its "
-                f"post-dominator {self._label(sink)} is {edge.label}"
+                f"post-dominator {self._label(sink)} is of kind {edge.label}"
             )
             return
         sink_root = self.groups[sink].root()
@@ -114,14 +114,18 @@ class Partitioner:
         self._fuse_if_path(pos, sink, allowed)
 
     def _fuse_elementwise(self, pos: int, sink: int, dom: DomNode) -> None:
-        if not (dom.pattern <= OpKind.INJECTIVE or dom.pattern == OpKind.COMM_REDUCE):
-            self.reasons[pos] = (
-                f"its post-dominator {self._label(sink)} is reached through a {dom.pattern.label} edge"
-            )
-            return
-
         def allowed(root: Group, is_sink: bool) -> bool:
             return root.pattern != OpKind.OPAQUE if is_sink else root.pattern <= OpKind.INJECTIVE
+
+        if not (dom.pattern <= OpKind.INJECTIVE or dom.pattern == OpKind.COMM_REDUCE):
+            _, blocker = self._walk_paths(pos, sink, allowed)
+            if blocker is not None and blocker != sink:
+                self.reasons[pos] = self._cycle_reason(blocker, sink)
+            else:
+                self.reasons[pos] = (
+                    f"its post-dominator {self._label(sink)} is reached through an edge of kind {dom.pattern.label}"
+                )
+            return
         self._fuse_if_path(pos, sink, allowed)
 
     def _fuse_injective(self, pos: int, sink: int) -> None:
@@ -137,10 +141,9 @@ class Partitioner:
     def _fuse_if_path(self, src: int, sink: int, allowed) -> None:
         on_path, blocker = self._walk_paths(src, sink, allowed)
         if blocker is not None:
-            what = self._label(blocker)
             self.reasons[src] = (
-                f"would create a cycle: {what} lies between it and {self._label(sink)} and cannot join"
-                if blocker != sink else f"its post-dominator {what} cannot take it"
+                self._cycle_reason(blocker, sink)
+                if blocker != sink else f"its post-dominator {self._label(sink)} cannot take it"
             )
             return
         roots = {id(r): r for r in (self.groups[p].root() for p in on_path | {src, sink})}
@@ -202,6 +205,12 @@ class Partitioner:
         if not fnode.outputs:
             return "it produces only graph outputs; nothing after it to fuse with"
         return "its results flow to several places that never rejoin (no post-dominator)"
+
+    def _cycle_reason(self, blocker: int, sink: int) -> str:
+        return (
+            f"would create a cycle: {self._label(blocker)} lies between it and "
+            f"{self._label(sink)} and cannot join"
+        )
 
     def _op(self, pos: int) -> str:
         return self.fg.nodes[pos].node.op_type

@@ -1,0 +1,282 @@
+"""Each fusion rule on a tiny graph: the graph, then the groups it must give.
+
+Groups are written as sets of node names (each node is named after its first output); nodes
+not listed stay unfused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnx_builder import const_i64, model, node, weights
+from onnxfuse.fusion.partition import FusionOptions
+from onnxfuse.fusion.plan import plan_fusion
+from onnxfuse.loader import load_model
+
+X = {"x": (4, 8)}
+
+
+def groups(m, **options) -> list[set[str]]:
+    graph = load_model(m)
+    plan = plan_fusion(graph, FusionOptions(**options))
+    return [{graph.nodes[i].name for i in g.node_indices} for g in plan.groups]
+
+
+def reasons(m, **options) -> dict[str, str]:
+    graph = load_model(m)
+    plan = plan_fusion(graph, FusionOptions(**options))
+    return {graph.nodes[u.node_index].name: u.reason for u in plan.unfused}
+
+
+def test_elementwise_diamond_is_one_group():
+    m = model(
+        [node("Relu", ["x"], "r"), node("Sigmoid", ["r"], "s"), node("Tanh", ["r"], "t"), node("Add", ["s", "t"], "y")],
+        X, {"y": (4, 8)},
+    )
+    assert groups(m) == [{"r", "s", "t", "y"}]
+
+
+def test_fan_out_that_never_rejoins_stays_apart():
+    m = model(
+        [node("Relu", ["x"], "r"), node("Sigmoid", ["r"], "s"), node("Tanh", ["r"], "t")],
+        X, {"s": (4, 8), "t": (4, 8)},
+    )
+    assert groups(m) == []
+    why = reasons(m)
+    assert "never rejoin" in why["r"]
+    assert "graph outputs" in why["s"]
+
+
+LSTM_GATE = [
+    node("MatMul", ["x", "w"], "mm"),
+    node("Split", ["mm"], ["a", "b", "c"], axis=1),
+    node("Sigmoid", ["a"], "sig"),
+    node("Tanh", ["b"], "tanh"),
+    node("Exp", ["c"], "exp"),
+    node("Mul", ["sig", "tanh"], "mul"),
+    node("Add", ["mul", "exp"], "y"),
+]
+
+
+def test_split_fanout_puts_the_matmul_in_the_gate_group():
+    m = model(LSTM_GATE, X, {"y": (4, 8)}, {"w": weights(8, 24)})
+    assert groups(m) == [{"mm", "a", "sig", "tanh", "exp", "mul", "y"}]
+
+
+def test_without_split_fanout_the_matmul_stays_out_like_tvm():
+    m = model(LSTM_GATE, X, {"y": (4, 8)}, {"w": weights(8, 24)})
+    assert groups(m, split_fanout=False) == [{"a", "sig", "tanh", "exp", "mul", "y"}]
+    assert "absorbs only elementwise" in reasons(m, split_fanout=False)["mm"]
+
+
+def test_split_with_two_levels_of_consumers():
+    m = model(
+        [
+            node("MatMul", ["x", "w"], "mm"),
+            node("Split", ["mm"], ["a", "b"], axis=1),
+            node("Sigmoid", ["a"], "sa"),
+            node("Neg", ["sa"], "na"),
+            node("Tanh", ["b"], "tb"),
+            node("Exp", ["tb"], "eb"),
+            node("Mul", ["na", "eb"], "y"),
+        ],
+        X, {"y": (4, 8)}, {"w": weights(8, 16)},
+    )
+    assert groups(m) == [{"mm", "a", "sa", "na", "tb", "eb", "y"}]
+
+
+def test_two_anchors_meeting_at_an_elementwise_sink_share_a_group():
+    m = model(
+        [
+            node("MatMul", ["x", "w1"], "m1"),
+            node("MatMul", ["h", "w2"], "m2"),
+            node("Add", ["m1", "m2"], "s"),
+            node("Sigmoid", ["s"], "y"),
+        ],
+        {"x": (4, 8), "h": (4, 8)}, {"y": (4, 8)}, {"w1": weights(8, 8), "w2": weights(8, 8, seed=1)},
+    )
+    assert groups(m) == [{"m1", "m2", "s", "y"}]
+    assert len(groups(m, multi_anchor=False)) == 1
+    assert groups(m, multi_anchor=False)[0] in ({"m1", "s", "y"}, {"m2", "s", "y"})
+
+
+def test_anchor_chain_does_not_merge_two_matmuls_in_sequence():
+    m = model(
+        [node("MatMul", ["x", "w1"], "m1"), node("Relu", ["m1"], "r"), node("MatMul", ["r", "w2"], "m2"), node("Relu", ["m2"], "y")],
+        X, {"y": (4, 8)}, {"w1": weights(8, 8), "w2": weights(8, 8)},
+    )
+    assert groups(m) == [{"m1", "r"}, {"m2", "y"}]
+
+
+def test_bias_add_is_an_elementwise_edge_for_the_anchor():
+    m = model(
+        [node("MatMul", ["x", "w"], "mm"), node("Add", ["mm", "b"], "ab"), node("Relu", ["ab"], "y")],
+        X, {"y": (4, 8)}, {"w": weights(8, 8), "b": weights(8)},
+    )
+    assert groups(m) == [{"mm", "ab", "y"}]
+
+
+def test_anchor_does_not_absorb_a_transpose():
+    m = model(
+        [node("MatMul", ["x", "w"], "mm"), node("Transpose", ["mm"], "t", perm=[1, 0]), node("Relu", ["t"], "y")],
+        X, {"y": (8, 4)}, {"w": weights(8, 8)},
+    )
+    assert groups(m) == [{"t", "y"}]
+    assert "absorbs only elementwise" in reasons(m)["mm"]
+
+
+def test_concat_is_the_exit_of_its_group():
+    m = model(
+        [node("Relu", ["x"], "r"), node("Sigmoid", ["x"], "s"), node("Concat", ["r", "s"], "y", axis=1)],
+        X, {"y": (4, 16)},
+    )
+    graph = load_model(m)
+    plan = plan_fusion(graph)
+    assert [set(g.op_types) for g in plan.groups] == [{"Relu", "Sigmoid", "Concat"}]
+    assert plan.groups[0].outputs == ("y",)
+
+
+def test_opaque_op_is_a_barrier():
+    m = model(
+        [node("Relu", ["x"], "r"), node("Opaque", ["r"], "o", domain="custom"), node("Sigmoid", ["o"], "y")],
+        X, ["y"],
+    )
+    assert groups(m) == []
+    assert "opaque" in reasons(m)["o"]
+
+
+def test_opaque_op_on_a_side_path_would_create_a_cycle():
+    m = model(
+        [
+            node("Relu", ["x4"], "r4"),
+            node("Sigmoid", ["r4"], "s4"),
+            node("LRN", ["r4"], "o", size=3),
+            node("Add", ["s4", "o"], "y"),
+        ],
+        {"x4": (1, 2, 4, 8)}, ["y"],
+    )
+    assert groups(m) == [{"s4", "y"}]
+    assert "would create a cycle" in reasons(m)["r4"]
+
+
+def test_depth_bound_cuts_a_long_chain():
+    chain = [node("Relu", ["x"], "r0")] + [node("Relu", [f"r{i-1}"], f"r{i}") for i in range(1, 10)]
+    m = model(chain, X, {"r9": (4, 8)})
+    assert [len(g) for g in groups(m, max_depth=4)] == [4, 4, 2]
+    assert "depth bound" in reasons(m, max_depth=1)["r0"]
+    assert [len(g) for g in groups(m)] == [10]
+
+
+def test_input_bound():
+    adds = [node("Add", ["x", "b0"], "a0")] + [node("Add", [f"a{i-1}", f"b{i}"], f"a{i}") for i in range(1, 6)]
+    m = model(adds, X, {"a5": (4, 8)}, {f"b{i}": weights(4, 8, seed=i) for i in range(6)})
+    sizes = [len(g) for g in groups(m, max_inputs=3)]
+    assert sum(sizes) <= 6 and max(sizes) < 6
+    assert [len(g) for g in groups(m)] == [6]
+
+
+def test_reduction_takes_its_producers_but_not_its_consumers():
+    m = model(
+        [node("Relu", ["x"], "r"), node("ReduceSum", ["r", "axes"], "s", keepdims=1), node("Sigmoid", ["s"], "y")],
+        X, {"y": (4, 1)}, {"axes": const_i64(1)},
+    )
+    assert groups(m) == [{"r", "s"}]
+    assert "reduction" in reasons(m)["y"] or "graph outputs" in reasons(m)["y"]
+    assert "reduction" in reasons(m)["s"] if "s" in reasons(m) else True
+
+
+def test_injective_chain_into_a_reduction():
+    m = model(
+        [
+            node("Gather", ["table", "idx"], "g", axis=0),
+            node("Reshape", ["g", "shape"], "r"),
+            node("ReduceMean", ["r", "axes"], "y", keepdims=0),
+        ],
+        {"idx": (4, 8)}, ["y"],
+        {"table": weights(16), "shape": const_i64(4, 8), "axes": const_i64(1)},
+    )
+    m.graph.input[0].type.tensor_type.elem_type = 7  # int64 indices
+    assert groups(m) == [{"g", "r", "y"}]
+    assert groups(m, injective_into_reduce=False) == [{"g", "r"}]
+
+
+def test_a_graph_output_inside_a_group_is_exported():
+    m = model(
+        [node("Relu", ["x"], "r"), node("Sigmoid", ["r"], "y")],
+        X, {"r": (4, 8), "y": (4, 8)},
+    )
+    plan = plan_fusion(load_model(m))
+    assert len(plan.groups) == 1
+    assert set(plan.groups[0].outputs) == {"r", "y"}
+
+
+def test_shape_computations_are_left_to_onnxruntime():
+    m = model(
+        [
+            node("Shape", ["x"], "shp"),
+            node("Gather", ["shp", "zero"], "n", axis=0),
+            node("Unsqueeze", ["n", "axes"], "n1"),
+            node("Concat", ["n1", "minus1"], "newshape", axis=0),
+            node("Relu", ["x"], "r"),
+            node("Reshape", ["r", "newshape"], "y"),
+        ],
+        X, ["y"],
+        {"zero": np.array(0, dtype=np.int64), "axes": const_i64(0), "minus1": const_i64(-1)},
+    )
+    why = reasons(m)
+    assert "computes a shape" in why["n"] and "computes a shape" in why["newshape"]
+    assert {"n", "n1", "newshape"}.isdisjoint(set().union(*groups(m)) if groups(m) else set())
+
+
+def test_subgraph_reads_are_dataflow_edges():
+    then_graph = helper_branch("r")
+    m = model(
+        [
+            node("Relu", ["x"], "r"),
+            node("Sigmoid", ["r"], "s"),
+            node("If", ["cond"], "o", then_branch=then_graph, else_branch=then_graph),
+        ],
+        {"x": (4, 8), "cond": ()}, ["s", "o"],
+    )
+    m.graph.input[1].type.tensor_type.elem_type = 9  # bool
+    graph = load_model(m)
+    if_node = next(n for n in graph.nodes if n.op_type == "If")
+    assert if_node.implicit_inputs == ["r"]
+    assert if_node.index in graph.value("r").consumers
+    for g in plan_fusion(graph).groups:
+        if "Relu" in g.op_types:
+            assert "r" in g.outputs
+
+
+def helper_branch(captured: str):
+    from onnx import TensorProto, helper
+
+    out = helper.make_tensor_value_info("branch_out", TensorProto.FLOAT, None)
+    return helper.make_graph([helper.make_node("Identity", [captured], ["branch_out"])], "branch", [], [out])
+
+
+@pytest.mark.parametrize(
+    "path, expected_ops",
+    [
+        ("models/lstm_gate.onnx", 7),
+        ("models/lstm_cell.onnx", 14),
+        ("models/gru_cell.onnx", 17),
+    ],
+)
+def test_recurrent_cells_are_one_group(path, expected_ops):
+    plan = plan_fusion(load_model(path))
+    assert len(plan.groups) == 1
+    assert len(plan.groups[0].node_indices) == expected_ops
+    assert plan.groups[0].op_types.count("MatMul") >= 1
+
+
+@pytest.mark.parametrize("path", ["models/tree_trav_d8.onnx", "models/perf_tree_trav_d8.onnx"])
+def test_tree_chain_fuses_into_one_long_group(path):
+    graph = load_model(path)
+    plan = plan_fusion(graph)
+    gathers = sum(n.op_type in ("Gather", "GatherElements") for n in graph.nodes)
+    assert len(plan.groups) == 1
+    group = plan.groups[0]
+    assert group.op_types.count("Gather") + group.op_types.count("GatherElements") == gathers
+    assert "ReduceMean" in group.op_types
