@@ -1,0 +1,435 @@
+"""The native runtime end to end: TVM kernels → one custom-op library → onnxruntime runs them.
+
+Every kernel is compiled here with TVM (TE or TVMScript), linked by `build_library` into a single
+library, and run from small ONNX models both through `onnxfuse.InferenceSession` and through
+plain `SessionOptions.register_custom_ops_library`, against numpy.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import onnxfuse
+from onnxfuse.errors import CompileError
+from onnxfuse.kernel_spec import DOMAIN, DOMAIN_VERSION, ONNX_DTYPE_CODES, KernelSpec, TensorSpec
+from onnxfuse.runtime.library import build_library
+from onnxfuse.session import LIBRARY_METADATA_KEY
+
+tvm = pytest.importorskip("tvm")
+from tvm import te  # noqa: E402
+from tvm.script import tirx as T  # noqa: E402
+
+LIBRARY_NAME = "libkernels.so"
+F32 = TensorProto.FLOAT
+
+
+# ---- Kernels, compiled once per module --------------------------------------------------------
+def compile_object(prim_func, name: str, directory) -> str:
+    module = tvm.IRModule({name: prim_func.with_attr("global_symbol", name)})
+    executable = tvm.compile(module, target=tvm.target.Target({"kind": "llvm"}))
+    path = directory / f"{name}.o"
+    executable.mod.write_to_file(str(path))
+    return str(path)
+
+
+def scale_add():
+    """C = A + 2 B: plain elementwise."""
+    a = te.placeholder((4, 8), "float32", name="A")
+    b = te.placeholder((4, 8), "float32", name="B")
+    c = te.compute((4, 8), lambda i, j: a[i, j] + 2.0 * b[i, j], name="C")
+    return te.create_prim_func([a, b, c])
+
+
+def row_stats():
+    """Three outputs of two dtypes: row sums, squares, and int32(10 A)."""
+    a = te.placeholder((3, 5), "float32", name="A")
+    k = te.reduce_axis((0, 5), name="k")
+    sums = te.compute((3,), lambda i: te.sum(a[i, k], axis=k), name="S")
+    squares = te.compute((3, 5), lambda i, j: a[i, j] * a[i, j], name="Q")
+    tenths = te.compute((3, 5), lambda i, j: (a[i, j] * 10.0).astype("int32"), name="I")
+    return te.create_prim_func([a, sums, squares, tenths])
+
+
+def batch_mul():
+    """Z = X Y + 1 over a symbolic batch n shared by both inputs."""
+    n = te.var("n")
+    x = te.placeholder((n, 16), "float32", name="X")
+    y = te.placeholder((n, 16), "float32", name="Y")
+    z = te.compute((n, 16), lambda i, j: x[i, j] * y[i, j] + 1.0, name="Z")
+    return te.create_prim_func([x, y, z])
+
+
+def parallel_scale():
+    """Y = 3 X with the batch loop parallel: the kernel calls __TVMBackendParallelLaunch."""
+    n = te.var("n")
+    x = te.placeholder((n, 64), "float32", name="X")
+    y = te.compute((n, 64), lambda i, j: x[i, j] * 3.0, name="Y")
+    schedule = tvm.s_tir.Schedule(te.create_prim_func([x, y]))
+    rows, _ = schedule.get_loops(schedule.get_sblock("Y"))
+    schedule.parallel(rows)
+    return schedule.mod["main"]
+
+
+def copy_of(dtype):
+    """B = A: checks the runtime's ONNX → DLPack dtype mapping, one kernel per contract dtype."""
+    a = te.placeholder((5,), dtype, name="A")
+    return te.create_prim_func([a, te.compute((5,), lambda i: a[i], name="B")])
+
+
+@T.prim_func
+def checked_gather(table: T.Buffer((8,), "float32"), index: T.Buffer((4,), "int32"), out: T.Buffer((4,), "float32")):
+    """out = table[index]; a bad index makes the kernel report an error (returns -1)."""
+    for i in range(4):
+        assert 0 <= index[i] and index[i] < 8, "gather index out of range"
+        out[i] = table[index[i]]
+
+
+@T.prim_func
+def parallel_gather(table: T.Buffer((8,), "float32"), index_handle: T.handle, out_handle: T.handle):
+    """checked_gather over a symbolic length, in parallel: the failing task's error must surface."""
+    n = T.int64()
+    index = T.match_buffer(index_handle, (n,), "int32")
+    out = T.match_buffer(out_handle, (n,), "float32")
+    for i in T.parallel(n):
+        assert 0 <= index[i] and index[i] < 8, "parallel gather index out of range"
+        out[i] = table[index[i]]
+
+
+def spec(name, inputs, outputs, obj):
+    return KernelSpec(name, tuple(TensorSpec(*t) for t in inputs), tuple(TensorSpec(*t) for t in outputs), obj)
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    """The kernel objects and one library holding all of them."""
+    directory = tmp_path_factory.mktemp("runtime")
+    objects = {
+        name: compile_object(make(), name, directory)
+        for name, make in [
+            ("scale_add", scale_add),
+            ("row_stats", row_stats),
+            ("batch_mul", batch_mul),
+            ("parallel_scale", parallel_scale),
+            ("checked_gather", lambda: checked_gather),
+            ("parallel_gather", lambda: parallel_gather),
+            *((f"copy_{dtype}", lambda dtype=dtype: copy_of(dtype)) for dtype in ONNX_DTYPE_CODES),
+        ]
+    }
+    specs = [
+        spec("scale_add", [("float32", (4, 8)), ("float32", (4, 8))], [("float32", (4, 8))], objects["scale_add"]),
+        spec(
+            "row_stats",
+            [("float32", (3, 5))],
+            [("float32", (3,)), ("float32", (3, 5)), ("int32", (3, 5))],
+            objects["row_stats"],
+        ),
+        spec(
+            "batch_mul", [("float32", ("n", 16)), ("float32", ("n", 16))], [("float32", ("n", 16))], objects["batch_mul"]
+        ),
+        spec("parallel_scale", [("float32", ("n", 64))], [("float32", ("n", 64))], objects["parallel_scale"]),
+        spec(
+            "checked_gather", [("float32", (8,)), ("int32", (4,))], [("float32", (4,))], objects["checked_gather"]
+        ),
+        spec(
+            "parallel_gather", [("float32", (8,)), ("int32", ("n",))], [("float32", ("n",))], objects["parallel_gather"]
+        ),
+        *(spec(f"copy_{d}", [(d, (5,))], [(d, (5,))], objects[f"copy_{d}"]) for d in ONNX_DTYPE_CODES),
+    ]
+    library = build_library(specs, directory / LIBRARY_NAME)
+    return directory, library, objects
+
+
+def write_model(directory, name, op, inputs, outputs, library_name=LIBRARY_NAME):
+    """A one-node model calling custom op `op`; inputs/outputs are (name, elem_type, shape|None)."""
+    node = helper.make_node(op, [i[0] for i in inputs], [o[0] for o in outputs], domain=DOMAIN)
+    graph = helper.make_graph(
+        [node],
+        name,
+        [helper.make_tensor_value_info(*i) for i in inputs],
+        [helper.make_tensor_value_info(*o) for o in outputs],
+    )
+    model = helper.make_model(
+        graph,
+        ir_version=10,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, DOMAIN_VERSION)],
+    )
+    if library_name is not None:
+        helper.set_model_props(model, {LIBRARY_METADATA_KEY: library_name})
+    path = directory / f"{name}.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def sessions(model, library, threads=1):
+    """The same model through onnxfuse.InferenceSession and through plain onnxruntime."""
+    base = ort.SessionOptions()
+    base.intra_op_num_threads = threads
+    plain = ort.SessionOptions()
+    plain.intra_op_num_threads = threads
+    plain.register_custom_ops_library(str(library))
+    return [
+        onnxfuse.InferenceSession(str(model), base, providers=["CPUExecutionProvider"]),
+        ort.InferenceSession(str(model), plain, providers=["CPUExecutionProvider"]),
+    ]
+
+
+def session(model, threads=1):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    return onnxfuse.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+
+
+# ---- Correctness ---------------------------------------------------------------------------------
+def test_elementwise(build):
+    directory, library, _ = build
+    model = write_model(directory, "elementwise", "scale_add", [("a", F32, [4, 8]), ("b", F32, [4, 8])],
+                        [("c", F32, [4, 8])])
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((2, 4, 8), dtype=np.float32)
+    for sess in sessions(model, library):
+        (c,) = sess.run(None, {"a": a, "b": b})
+        np.testing.assert_allclose(c, a + 2 * b, rtol=1e-6)
+
+
+def test_several_outputs(build):
+    directory, library, _ = build
+    model = write_model(directory, "several", "row_stats", [("a", F32, [3, 5])],
+                        [("s", F32, None), ("q", F32, None), ("i", TensorProto.INT32, None)])
+    a = np.random.default_rng(1).standard_normal((3, 5), dtype=np.float32)
+    for sess in sessions(model, library):
+        s, q, i = sess.run(None, {"a": a})
+        np.testing.assert_allclose(s, a.sum(axis=1), rtol=1e-5)
+        np.testing.assert_allclose(q, a * a, rtol=1e-6)
+        assert i.dtype == np.int32
+        np.testing.assert_array_equal(i, (a * np.float32(10)).astype(np.int32))
+
+
+@pytest.mark.parametrize("dtype", list(ONNX_DTYPE_CODES))
+def test_every_contract_dtype(build, dtype):
+    directory, library, _ = build
+    code = ONNX_DTYPE_CODES[dtype]
+    model = write_model(directory, f"copy_{dtype}", f"copy_{dtype}", [("a", code, [5])], [("b", code, None)])
+    a = (np.arange(5) % 2 == 1) if dtype == "bool" else np.arange(5).astype(dtype) + 1
+    for sess in sessions(model, library):
+        (b,) = sess.run(None, {"a": a})
+        assert b.dtype == a.dtype
+        np.testing.assert_array_equal(b, a)
+
+
+def test_symbolic_batch(build):
+    directory, library, _ = build
+    model = write_model(directory, "symbolic", "batch_mul", [("x", F32, ["batch", 16]), ("y", F32, ["batch", 16])],
+                        [("z", F32, None)])
+    rng = np.random.default_rng(2)
+    for sess in sessions(model, library):
+        assert sess.get_outputs()[0].shape == ["batch", 16]  # InferOutputShapeFn kept the symbol
+        for batch in (3, 7, 0):
+            x, y = rng.standard_normal((2, batch, 16), dtype=np.float32)
+            (z,) = sess.run(None, {"x": x, "y": y})
+            assert z.shape == (batch, 16)
+            np.testing.assert_allclose(z, x * y + 1, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kernel", ["parallel_scale", "parallel_gather"])
+def test_kernel_object_really_launches_in_parallel(build, kernel):
+    _, _, objects = build
+    symbols = subprocess.run(["nm", objects[kernel]], capture_output=True, text=True, check=True).stdout
+    assert "__TVMBackendParallelLaunch" in symbols
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_parallel_launch(build, threads):
+    directory, library, _ = build
+    model = write_model(directory, "parallel", "parallel_scale", [("x", F32, ["n", 64])], [("y", F32, None)])
+    rng = np.random.default_rng(3)
+    for sess in sessions(model, library, threads):
+        for batch in (1000, 1, 0):
+            x = rng.standard_normal((batch, 64), dtype=np.float32)
+            (y,) = sess.run(None, {"x": x})
+            np.testing.assert_allclose(y, 3 * x, rtol=1e-6)
+
+
+# ---- Errors: a clear exception, and the session keeps working -----------------------------------
+@pytest.fixture(scope="module")
+def loose_elementwise(build):
+    """scale_add behind graph inputs with no declared shape, so bad shapes reach the kernel."""
+    directory, _, _ = build
+    model = write_model(directory, "loose", "scale_add", [("a", F32, None), ("b", F32, None)], [("c", F32, None)])
+    return session(model)
+
+
+def run_scale_add(sess, a, b):
+    (c,) = sess.run(None, {"a": a, "b": b})
+    np.testing.assert_allclose(c, a + 2 * b, rtol=1e-6)
+
+
+GOOD = np.ones((4, 8), np.float32)
+
+
+def test_wrong_shape(loose_elementwise):
+    with pytest.raises(Exception, match=r"scale_add.*input 1 dim 1 is 9, expected 8"):
+        loose_elementwise.run(None, {"a": GOOD, "b": np.ones((4, 9), np.float32)})
+    run_scale_add(loose_elementwise, GOOD, GOOD)
+
+
+def test_wrong_rank(loose_elementwise):
+    with pytest.raises(Exception, match=r"scale_add.*input 0 has rank 3, expected 2"):
+        loose_elementwise.run(None, {"a": np.ones((1, 4, 8), np.float32), "b": GOOD})
+    run_scale_add(loose_elementwise, GOOD, GOOD)
+
+
+def test_wrong_dtype(loose_elementwise, build):
+    # onnxruntime checks feeds against the graph's declared types before the kernel runs ...
+    with pytest.raises(Exception, match="data type"):
+        loose_elementwise.run(None, {"a": GOOD.astype(np.float64), "b": GOOD})
+    run_scale_add(loose_elementwise, GOOD, GOOD)
+    # ... and wiring a wrongly typed tensor into the op fails when the session is created,
+    # because each op declares its input element types.
+    directory, _, _ = build
+    model = write_model(directory, "mistyped", "scale_add", [("a", TensorProto.INT64, None), ("b", F32, None)],
+                        [("c", F32, None)])
+    with pytest.raises(Exception, match="scale_add|type"):
+        session(model)
+
+
+def test_unnamed_batch_gets_a_fresh_symbol(build, capfd):
+    directory, _, _ = build
+    model = write_model(directory, "unnamed_batch", "batch_mul", [("x", F32, [None, 16]), ("y", F32, [None, 16])],
+                        [("z", F32, None)])
+    sess = session(model)
+    batch, width = sess.get_outputs()[0].shape
+    assert isinstance(batch, str) and batch and width == 16
+    x = np.ones((5, 16), np.float32)
+    np.testing.assert_array_equal(sess.run(None, {"x": x, "y": x})[0], 2 * x)
+    assert "does not match actual shape" not in capfd.readouterr().err  # no -1 dim reached ORT
+
+
+def test_symbol_bound_inconsistently(build):
+    directory, _, _ = build
+    model = write_model(directory, "loose_symbolic", "batch_mul", [("x", F32, None), ("y", F32, None)],
+                        [("z", F32, None)])
+    sess = session(model)
+    with pytest.raises(Exception, match=r"input 1 dim 0 is 4, but dim 'n' is 3"):
+        sess.run(None, {"x": np.ones((3, 16), np.float32), "y": np.ones((4, 16), np.float32)})
+    (z,) = sess.run(None, {"x": np.ones((3, 16), np.float32), "y": np.ones((3, 16), np.float32)})
+    np.testing.assert_array_equal(z, np.full((3, 16), 2, np.float32))
+
+
+def test_kernel_reports_its_own_error(build):
+    directory, _, _ = build
+    model = write_model(directory, "gather", "checked_gather", [("t", F32, [8]), ("i", TensorProto.INT32, [4])],
+                        [("o", F32, None)])
+    sess = session(model)
+    table = np.arange(8, dtype=np.float32) * 10
+    with pytest.raises(Exception, match="checked_gather.*gather index out of range"):
+        sess.run(None, {"t": table, "i": np.array([1, 2, 9, 0], np.int32)})
+    index = np.array([7, 0, 3, 3], np.int32)
+    np.testing.assert_array_equal(sess.run(None, {"t": table, "i": index})[0], table[index])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_failing_parallel_task_reports_its_error(build, threads):
+    directory, _, _ = build
+    model = write_model(directory, "parallel_gather", "parallel_gather",
+                        [("t", F32, [8]), ("i", TensorProto.INT32, ["n"])], [("o", F32, None)])
+    sess = session(model, threads)
+    table = np.arange(8, dtype=np.float32) * 10
+    index = np.arange(20000, dtype=np.int32) % 8
+    for bad in (0, len(index) - 1):  # in the first task, and in the last one
+        broken = index.copy()
+        broken[bad] = -1
+        with pytest.raises(Exception, match="parallel_gather.*parallel gather index out of range"):
+            sess.run(None, {"t": table, "i": broken})
+    np.testing.assert_array_equal(sess.run(None, {"t": table, "i": index})[0], table[index])
+
+
+# ---- Concurrency -----------------------------------------------------------------------------------
+def test_one_session_from_many_threads(build):
+    directory, _, _ = build
+    model = write_model(directory, "concurrent", "parallel_scale", [("x", F32, ["n", 64])], [("y", F32, None)])
+    sess = session(model, threads=2)
+    failures = []
+
+    def worker(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(200):
+            x = rng.standard_normal((int(rng.integers(0, 300)), 64), dtype=np.float32)
+            (y,) = sess.run(None, {"x": x})
+            if y.shape != x.shape or not np.allclose(y, 3 * x, rtol=1e-6):
+                failures.append(seed)
+                return
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+
+
+# ---- The library file ---------------------------------------------------------------------------
+def test_library_needs_no_tvm_and_exports_only_the_entry_point(build):
+    _, library, _ = build
+    dynamic = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True, check=True).stdout
+    needed = [line for line in dynamic.splitlines() if "(NEEDED)" in line]
+    assert needed and not any("tvm" in line or "onnxruntime" in line for line in needed), needed
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True,
+                              check=True).stdout.split()
+    assert "RegisterCustomOps" in exported
+    assert not any(name.startswith(("__tvm", "__TVM", "TVMFFI")) for name in exported), exported
+
+
+def test_build_failures_are_compile_errors(build, tmp_path):
+    garbage = tmp_path / "garbage.o"
+    garbage.write_bytes(b"not an object file")
+    with pytest.raises(CompileError, match="building the kernel library failed"):
+        build_library([spec("garbage", [("float32", (1,))], [("float32", (1,))], str(garbage))], tmp_path / "x.so")
+    _, _, objects = build
+    # The object does not define __tvm_ffi_missing: the link must fail rather than crash later.
+    with pytest.raises(CompileError, match="__tvm_ffi_missing"):
+        build_library([spec("missing", [("float32", (1,))], [("float32", (1,))], objects["scale_add"])],
+                      tmp_path / "y.so")
+    assert not list(tmp_path.glob("*.so")) and not list(tmp_path.glob(".*partial"))
+
+
+# ---- onnxfuse.InferenceSession and session_options -------------------------------------------------
+@pytest.mark.parametrize("name", ["../" + LIBRARY_NAME, "/tmp/" + LIBRARY_NAME, "sub/x.so", "..", "", "a\\b.so"])
+def test_model_cannot_point_outside_its_directory(build, name):
+    directory, _, _ = build
+    model = write_model(directory, "escape", "scale_add", [("a", F32, [4, 8]), ("b", F32, [4, 8])],
+                        [("c", F32, None)], library_name=name)
+    with pytest.raises(ValueError, match="bare file name"):
+        onnxfuse.InferenceSession(str(model))
+
+
+def test_plain_model_runs_as_plain_onnxruntime(tmp_path):
+    node = helper.make_node("Add", ["a", "b"], ["c"])
+    graph = helper.make_graph([node], "plain", [helper.make_tensor_value_info(n, F32, [2]) for n in "ab"],
+                              [helper.make_tensor_value_info("c", F32, [2])])
+    path = tmp_path / "plain.onnx"
+    onnx.save(helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    sess = onnxfuse.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert isinstance(sess, ort.InferenceSession)
+    ones = np.ones(2, np.float32)
+    np.testing.assert_array_equal(sess.run(None, {"a": ones, "b": ones})[0], 2 * ones)
+
+
+def test_session_options_copies_without_mutating_base(build):
+    _, library, _ = build
+    base = ort.SessionOptions()
+    base.intra_op_num_threads = 3
+    base.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    base.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options = onnxfuse.session_options(library, base=base)
+    assert options is not base
+    assert options.intra_op_num_threads == 3
+    assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert onnxfuse.session_options(library).intra_op_num_threads == 0
