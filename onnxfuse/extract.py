@@ -1,0 +1,71 @@
+"""Cut one fused group out of the model as a standalone ONNX model.
+
+The group model is what code generation compiles, what the compile cache hashes, and what
+onnxruntime runs as the reference when a kernel is verified: one artefact serves all three, so
+they cannot disagree about what the group means.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .errors import CompileError
+from .fusion.forward_graph import SHAPE_FROM_OUTPUT
+from .fusion.plan import FusedGroup
+from .ir import Graph, Value
+
+
+def extract_group(graph: Graph, group: FusedGroup) -> onnx.ModelProto:
+    members = [graph.nodes[i] for i in group.node_indices]
+    protos = [_copy(graph.model.graph.node[n.index]) for n in members]
+    initializers: dict[str, onnx.TensorProto] = {}
+
+    for node, proto in zip(members, protos):
+        if node.op_type in SHAPE_FROM_OUTPUT and len(node.inputs) > 1 and not graph.value(node.inputs[1]).is_constant:
+            # The shape is computed at run time but inference proved it static: bake it in.
+            out = graph.value(node.outputs[0])
+            name = f"{node.inputs[1]}__static_{node.index}"
+            initializers[name] = numpy_helper.from_array(np.array(out.shape, dtype=np.int64), name)
+            proto.input[1] = name
+
+    used = {i for p in protos for i in p.input if i}
+    inputs: list[onnx.ValueInfoProto] = []
+    for name in group.inputs:
+        if name not in used:
+            continue
+        value = graph.value(name)
+        if value.initializer is not None:
+            initializers[name] = value.initializer
+        else:
+            inputs.append(_value_info(value, f"input {name!r}"))
+    outputs = [_value_info(graph.value(name), f"output {name!r}", allow_unknown_dims=True) for name in group.outputs]
+    g = helper.make_graph(protos, group.name, inputs, outputs, list(initializers.values()))
+    opsets = [helper.make_opsetid("", graph.opsets.get("", 17))]
+    return helper.make_model(g, opset_imports=opsets, ir_version=graph.model.ir_version or 9)
+
+
+def _c_name(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _copy(proto: onnx.NodeProto) -> onnx.NodeProto:
+    clone = onnx.NodeProto()
+    clone.CopyFrom(proto)
+    return clone
+
+
+def _value_info(value: Value, what: str, allow_unknown_dims: bool = False) -> onnx.ValueInfoProto:
+    if value.dtype is None:
+        raise CompileError(f"extract: dtype of {what} is unknown")
+    if value.shape is None:
+        if allow_unknown_dims:
+            return helper.make_tensor_value_info(value.name, helper.np_dtype_to_tensor_dtype(np.dtype(value.dtype)), None)
+        raise CompileError(f"extract: shape of {what} is unknown")
+    dims = []
+    for axis, d in enumerate(value.shape):
+        if d is None and not allow_unknown_dims:
+            d = f"{_c_name(value.name)}_dim{axis}"  # unknown: a symbol of its own, bound at run time
+        dims.append(d)
+    return helper.make_tensor_value_info(value.name, helper.np_dtype_to_tensor_dtype(np.dtype(value.dtype)), dims)

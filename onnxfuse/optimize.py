@@ -1,0 +1,328 @@
+"""`optimize`: the tool's main job, from a model file to a fused model and its kernel library.
+
+plan → extract each group → cached kernel, or compile + verify against onnxruntime → one
+custom-op library → the rewritten model. A group that fails anywhere falls back to its original
+nodes with the reason in the report: one hard group never fails the whole model. Outputs are
+written to temporary files and renamed at the end, so a failed run leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .cache import KernelCache, default_cache_dir, group_key, kernel_name
+from .errors import CompileError, OnnxfuseError
+from .extract import extract_group
+from .fusion.partition import FusionOptions
+from .fusion.plan import FusedGroup, FusionPlan, plan_fusion
+from .kernel_spec import KernelSpec
+from .loader import load_model
+from .package import GroupKernel, package_model
+from .target import Target, resolve_target
+
+GROUP_RTOL, GROUP_ATOL = 1e-3, 1e-4
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # bytes; protobuf cannot hold 2 GB
+
+
+@dataclass
+class GroupOutcome:
+    group: FusedGroup
+    status: str  # "compiled" | "cached" | "fallback"
+    kernel: GroupKernel | None = None
+    reason: str | None = None
+    seconds: float = 0.0
+    info: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        out = {**self.group.to_json(), "status": self.status, "compile_seconds": round(self.seconds, 3)}
+        if self.kernel:
+            out["kernel"] = self.kernel.spec.name
+        if self.reason:
+            out["reason"] = self.reason
+        out.update(self.info)
+        return out
+
+
+@dataclass
+class OptimizeResult:
+    model_path: Path
+    library_path: Path | None
+    plan: FusionPlan
+    outcomes: list[GroupOutcome]
+    seconds: float
+
+    @property
+    def report(self) -> dict:
+        counts = {s: sum(o.status == s for o in self.outcomes) for s in ("compiled", "cached", "fallback")}
+        return {
+            "output": str(self.model_path),
+            "library": str(self.library_path) if self.library_path else None,
+            "seconds": round(self.seconds, 3),
+            "node_count": self.plan.node_count,
+            "fused_node_count": sum(len(o.group.node_indices) for o in self.outcomes if o.kernel),
+            "groups_total": len(self.outcomes),
+            **{f"groups_{k}": v for k, v in counts.items()},
+            "options": {"max_depth": self.plan.options.max_depth, "max_inputs": self.plan.options.max_inputs},
+            "groups": [o.to_json() for o in self.outcomes],
+            "unfused": [u.to_json() for u in self.plan.unfused],
+        }
+
+
+def default_output(model_path: Path) -> Path:
+    name = model_path.name[: -len(".onnx")] if model_path.name.endswith(".onnx") else model_path.name
+    return model_path.with_name(f"{name}.fused.onnx")
+
+
+def library_path_for(model_out: Path) -> Path:
+    stem = model_out.name[: -len(".onnx")] if model_out.name.endswith(".onnx") else model_out.name
+    return model_out.with_name(f"{stem}.so")
+
+
+def optimize(
+    model: str | os.PathLike,
+    output: str | os.PathLike | None = None,
+    *,
+    target: str = "native",
+    mcpu: str | None = None,
+    mattr: str | None = None,
+    max_depth: int = 256,
+    max_inputs: int = 64,
+    jobs: int | None = None,
+    cache_dir: str | os.PathLike | None | bool = True,
+    verify: bool = True,
+    progress=None,
+) -> OptimizeResult:
+    """Fuse and compile `model`; returns the written paths, the plan and each group's outcome.
+
+    cache_dir: a directory, True for the default (~/.cache/onnxfuse or $ONNXFUSE_CACHE_DIR),
+    or False/None to compile everything afresh.
+    """
+    started = time.perf_counter()
+    tgt = resolve_target(target, mcpu, mattr)
+    tgt.require_toolchain()
+    model_path = Path(model)
+    out_path = Path(output) if output else default_output(model_path)
+    graph = load_model(model_path)
+    plan = plan_fusion(graph, FusionOptions(max_depth=max_depth, max_inputs=max_inputs))
+    cache = KernelCache(default_cache_dir() if cache_dir is True else (Path(cache_dir) if cache_dir else None))
+    progress = progress or Progress(enabled=False)
+
+    with tempfile.TemporaryDirectory(prefix="onnxfuse-build-") as build_dir:
+        outcomes = _compile_groups(graph, plan, tgt, cache, Path(build_dir), jobs, verify, progress)
+        fused = [(o.group, o.kernel) for o in outcomes if o.kernel is not None]
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        library = library_path_for(out_path) if fused else None
+        staged_library = _build_library([k for _, k in fused], library, tgt) if library else None
+        packaged = package_model(graph, fused, library.name, tgt.name) if fused else graph.model
+        staged_model = _stage_model(packaged, out_path)
+        # Both files are complete on disk; now make them visible, library first.
+        if staged_library:
+            os.replace(staged_library, library)
+        for staged, final in staged_model:
+            os.replace(staged, final)
+    return OptimizeResult(out_path, library, plan, outcomes, time.perf_counter() - started)
+
+
+# -- compiling every group ----------------------------------------------------------------------
+
+def _compile_groups(graph, plan, tgt: Target, cache: KernelCache, build_dir: Path, jobs, verify, progress) -> list[GroupOutcome]:
+    outcomes: dict[str, GroupOutcome] = {}
+    pending: dict[str, tuple[bytes, str]] = {}  # key → (group model, kernel name)
+    waiting: dict[str, list[FusedGroup]] = {}
+    for group in plan.groups:
+        try:
+            group_model = extract_group(graph, group)
+        except CompileError as exc:
+            outcomes[group.name] = GroupOutcome(group, "fallback", reason=str(exc))
+            continue
+        key = group_key(group_model, tgt.key)
+        hit = cache.load(key)
+        if hit is not None:
+            outcomes[group.name] = GroupOutcome(group, "cached", hit[0], info=hit[1])
+            continue
+        pending.setdefault(key, (group_model.SerializeToString(deterministic=True), kernel_name(key)))
+        waiting.setdefault(key, []).append(group)
+
+    progress.start(len(pending), sum(o.status == "cached" for o in outcomes.values()))
+    for key, result in _run_compiles(pending, tgt, build_dir, jobs, verify):
+        kernel, info, reason, seconds = result
+        if kernel is not None:
+            try:
+                kernel = cache.store(key, kernel, info)
+            except OSError as exc:  # an unwritable cache must not cost the user the kernel
+                info = {**info, "cache_error": str(exc)}
+        for group in waiting[key]:
+            status = "compiled" if kernel is not None else "fallback"
+            outcomes[group.name] = GroupOutcome(group, status, kernel, reason, seconds, info)
+        progress.step(waiting[key][0], kernel is not None, seconds, reason)
+    progress.finish()
+    return [outcomes[g.name] for g in plan.groups]
+
+
+def _run_compiles(pending: dict, tgt: Target, build_dir: Path, jobs: int | None, verify: bool):
+    """Yield (key, (kernel, info, reason, seconds)) as compiles finish, in parallel when asked."""
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(pending)))
+    target_args = (tgt.name, tgt.mcpu, ",".join(tgt.mattr) or None)
+    if jobs == 1:
+        for key, (model_bytes, name) in pending.items():
+            yield key, compile_one(model_bytes, name, target_args, str(build_dir), verify)
+        return
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        futures = {
+            pool.submit(compile_one, model_bytes, name, target_args, str(build_dir), verify): key
+            for key, (model_bytes, name) in pending.items()
+        }
+        for future in as_completed(futures):
+            try:
+                yield futures[future], future.result()
+            except Exception as exc:  # a worker that died (e.g. LLVM crashed) is one group's fallback
+                yield futures[future], (None, {}, f"compile worker failed: {exc}", 0.0)
+
+
+def compile_one(model_bytes: bytes, name: str, target_args: tuple, build_dir: str, verify: bool):
+    """Compile and verify one group (runs in a worker process). Never raises for a bad group."""
+    from .codegen.compile import compile_group
+
+    started = time.perf_counter()
+    group_model = onnx.load_from_string(model_bytes)
+    try:
+        tgt = resolve_target(*target_args)
+        out_dir = Path(build_dir) / name
+        out_dir.mkdir(parents=True, exist_ok=True)
+        compiled = compile_group(group_model, name, tgt, out_dir)
+        info: dict = {"stats": _jsonable(compiled.stats)}
+        if verify and tgt.name != "aarch64":
+            info["verify"] = verify_kernel(compiled, group_model)
+        kernel = GroupKernel(compiled.spec, tuple(compiled.arg_sources), dict(compiled.extra_weights))
+        return kernel, info, None, time.perf_counter() - started
+    except CompileError as exc:
+        return None, {}, str(exc), time.perf_counter() - started
+    except Exception as exc:  # anything unexpected in TVM is still only this group's problem
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
+        return None, {}, f"unexpected {type(exc).__name__}: {first}", time.perf_counter() - started
+
+
+def verify_kernel(compiled, group_model: onnx.ModelProto) -> dict:
+    """Run the kernel and onnxruntime on the same random inputs; a mismatch is a CompileError."""
+    import onnxruntime as ort
+
+    from .feeds import random_feeds_for_session
+    from .verify import compare_arrays
+
+    session = ort.InferenceSession(group_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    worst = 0.0
+    for dim, seed in ((1, 0), (3, 1)):
+        feeds = random_feeds_for_session(session, default_dim=dim, seed=seed)
+        try:
+            expected = session.run(None, feeds)
+        except Exception as exc:
+            return {"checked": False, "why": f"reference rejects random inputs: {str(exc).splitlines()[0][:120]}"}
+        actual = compiled.run(feeds)
+        for meta, e, a in zip(session.get_outputs(), expected, actual):
+            cmp = compare_arrays(meta.name, np.asarray(e), np.asarray(a), GROUP_RTOL, GROUP_ATOL)
+            if not cmp.ok:
+                raise CompileError(f"verify: output {meta.name} differs from onnxruntime (max abs error {cmp.max_abs_error:.3g})")
+            worst = max(worst, cmp.max_abs_error)
+    return {"checked": True, "max_abs_error": worst}
+
+
+def _jsonable(stats: dict) -> dict:
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in stats.items()
+            if isinstance(v, (int, float, str, bool))}
+
+
+# -- writing the outputs -------------------------------------------------------------------------
+
+def _build_library(kernels: list[GroupKernel], library: Path, tgt: Target) -> Path:
+    from .runtime.library import build_library
+
+    unique: dict[str, KernelSpec] = {}
+    for k in kernels:
+        unique.setdefault(k.spec.name, k.spec)
+    staged = library.with_name(f".{library.name}.{os.getpid()}.tmp")
+    try:
+        build_library(list(unique.values()), staged, target=tgt)
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
+    return staged
+
+
+def _stage_model(model: onnx.ModelProto, out_path: Path) -> list[tuple[Path, Path]]:
+    """Write the model (and its external data when too large for one protobuf) to temp files."""
+    staged = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
+    pairs = []
+    try:
+        if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
+            data_name = f"{out_path.name}.data"
+            staged_data = out_path.with_name(f".{data_name}.{os.getpid()}.tmp")
+            onnx.save_model(model, str(staged), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=staged_data.name, size_threshold=1024)
+            # The model must name the final data file, not the staging one.
+            reloaded = onnx.load(str(staged), load_external_data=False)
+            for t in reloaded.graph.initializer:
+                for entry in t.external_data:
+                    if entry.key == "location":
+                        entry.value = data_name
+            staged.write_bytes(reloaded.SerializeToString(deterministic=True))
+            pairs.append((staged_data, out_path.with_name(data_name)))
+        else:
+            staged.write_bytes(model.SerializeToString(deterministic=True))
+        pairs.append((staged, out_path))
+    except BaseException:
+        for tmp, _ in pairs + [(staged, out_path)]:
+            tmp.unlink(missing_ok=True)
+        raise
+    return pairs
+
+
+# -- progress ------------------------------------------------------------------------------------
+
+class Progress:
+    """A progress bar on a terminal; one parseable line per group otherwise."""
+
+    def __init__(self, enabled: bool = True, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.tty = enabled and self.stream.isatty()
+        self.total = self.done = 0
+
+    def start(self, to_compile: int, cached: int) -> None:
+        self.total = to_compile
+        if self.enabled and (to_compile or cached):
+            self._line(f"onnxfuse: {to_compile} kernels to compile, {cached} groups from cache", final=True)
+
+    def step(self, group: FusedGroup, ok: bool, seconds: float, reason: str | None) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        what = "compiled" if ok else f"fallback ({reason})"
+        if self.tty:
+            filled = int(30 * self.done / max(self.total, 1))
+            self._line(f"[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} {group.name} {what[:60]}",
+                       final=not ok)
+        else:
+            self._line(f"onnxfuse: [{self.done}/{self.total}] {group.name} {len(group.node_indices)} ops {what} {seconds:.2f}s",
+                       final=True)
+
+    def finish(self) -> None:
+        if self.tty and self.total:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def _line(self, text: str, final: bool) -> None:
+        if self.tty:
+            self.stream.write("\r\033[K" + text + ("\n" if final else ""))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()

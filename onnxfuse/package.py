@@ -1,0 +1,127 @@
+"""Write the model back as ONNX: each compiled group becomes one custom-op node.
+
+The custom node reads the kernel's arguments in order (runtime inputs and weights alike, so the
+model file stays the one place weights live) and produces the group's outputs. Everything not
+compiled stays as it was, for onnxruntime to run.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from . import __version__
+from .fusion.plan import FusedGroup
+from .ir import Graph
+from .kernel_spec import DOMAIN, DOMAIN_VERSION, KernelSpec
+
+LIBRARY_KEY = "onnxfuse.library"
+
+
+@dataclass(frozen=True)
+class GroupKernel:
+    """A compiled kernel as packaging needs it (fresh from codegen or from the cache)."""
+
+    spec: KernelSpec
+    arg_sources: tuple[str, ...]
+    extra_weights: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def package_model(
+    graph: Graph, fused: list[tuple[FusedGroup, GroupKernel]], library_name: str, target_name: str
+) -> onnx.ModelProto:
+    original = graph.model
+    replaced = {i for group, _ in fused for i in group.node_indices}
+    first_member = {min(group.node_indices): (group, kernel) for group, kernel in fused}
+
+    nodes: list[tuple[int, onnx.NodeProto]] = []  # (original position, node)
+    extra_inits: list[onnx.TensorProto] = []
+    for index, proto in enumerate(original.graph.node):
+        if index in first_member:
+            group, kernel = first_member[index]
+            inputs = []
+            for source in kernel.arg_sources:
+                if source in kernel.extra_weights:
+                    name = f"{group.name}__{source}"
+                    extra_inits.append(numpy_helper.from_array(kernel.extra_weights[source], name))
+                    inputs.append(name)
+                else:
+                    inputs.append(source)
+            nodes.append((index, helper.make_node(
+                kernel.spec.name, inputs, list(group.outputs), name=f"onnxfuse_{group.name}", domain=DOMAIN,
+            )))
+        elif index not in replaced:
+            nodes.append((index, proto))
+
+    model = onnx.ModelProto()
+    model.CopyFrom(original)
+    g = model.graph
+    del g.node[:]
+    g.node.extend(_topological(nodes))
+    g.initializer.extend(extra_inits)
+    _drop_unused(g)
+    if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    _set_metadata(model, {LIBRARY_KEY: library_name, "onnxfuse.version": __version__, "onnxfuse.target": target_name})
+    return model
+
+
+def _topological(nodes: list[tuple[int, onnx.NodeProto]]) -> list[onnx.NodeProto]:
+    """Order nodes so producers come first, keeping the original order where it already is."""
+    producer = {o: k for k, (_, n) in enumerate(nodes) for o in n.output if o}
+    deps = [{producer[i] for i in _reads(n) if i in producer} for _, n in nodes]
+    users: list[list[int]] = [[] for _ in nodes]
+    for k, ds in enumerate(deps):
+        for d in ds:
+            users[d].append(k)
+    waiting = [len(ds) for ds in deps]
+    ready = [(nodes[k][0], k) for k in range(len(nodes)) if waiting[k] == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, k = heapq.heappop(ready)
+        out.append(nodes[k][1])
+        for u in users[k]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, (nodes[u][0], u))
+    assert len(out) == len(nodes), "fusion produced a cycle between groups"
+    return out
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    names = {i for i in node.input if i}
+    for attr in node.attribute:
+        for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+            for n in sub.node:
+                names |= _reads(n)
+    return names
+
+
+def _drop_unused(g: onnx.GraphProto) -> None:
+    """Remove initializers and value_info that no node or output refers to any more."""
+    used = {i for n in g.node for i in _reads(n)} | {o.name for o in g.output}
+    alive = used | {o for n in g.node for o in n.output}
+    keep = [t for t in g.initializer if t.name in used]
+    dropped = {t.name for t in g.initializer} - {t.name for t in keep}
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    infos = [v for v in g.value_info if v.name in alive]
+    del g.value_info[:]
+    g.value_info.extend(infos)
+    # Old-IR models list initializers among the inputs too; the model's real inputs always stay.
+    inputs = [v for v in g.input if v.name not in dropped]
+    del g.input[:]
+    g.input.extend(inputs)
+
+
+def _set_metadata(model: onnx.ModelProto, entries: dict[str, str]) -> None:
+    kept = [p for p in model.metadata_props if p.key not in entries]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    for key, value in entries.items():
+        model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))

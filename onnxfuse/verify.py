@@ -1,0 +1,92 @@
+"""Compare an optimized model with its original under onnxruntime, output by output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ModelLoadError, OnnxfuseError
+from .feeds import random_feeds_for_session
+
+
+@dataclass
+class OutputComparison:
+    name: str
+    max_abs_error: float
+    max_rel_error: float
+    ok: bool
+
+
+@dataclass
+class VerifyResult:
+    runs: int
+    outputs: list[OutputComparison]
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outputs)
+
+    @property
+    def worst(self) -> OutputComparison:
+        return max(self.outputs, key=lambda o: (not o.ok, o.max_abs_error))
+
+
+def compare_arrays(name: str, expected: np.ndarray, actual: np.ndarray, rtol: float, atol: float) -> OutputComparison:
+    if expected.shape != actual.shape or expected.dtype != actual.dtype:
+        return OutputComparison(name, float("inf"), float("inf"), False)
+    if expected.size == 0:
+        return OutputComparison(name, 0.0, 0.0, True)
+    if expected.dtype.kind in "biu":
+        diff = np.abs(expected.astype(np.int64) - actual.astype(np.int64))
+        return OutputComparison(name, float(diff.max()), float(diff.max()), bool((diff == 0).all()))
+    e, a = expected.astype(np.float64), actual.astype(np.float64)
+    same_nan = np.isnan(e) == np.isnan(a)
+    e, a = np.nan_to_num(e), np.nan_to_num(a)
+    diff = np.abs(e - a)
+    rel = diff / np.maximum(np.abs(e), 1e-12)
+    ok = bool(same_nan.all() and np.all(diff <= atol + rtol * np.abs(e)))
+    return OutputComparison(name, float(diff.max()), float(rel.max()), ok)
+
+
+def verify_models(
+    original: str | Path,
+    fused: str | Path,
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+    runs: int = 3,
+    inputs: str | Path | None = None,
+    dims: dict[str, int] | None = None,
+) -> VerifyResult:
+    import onnxruntime as ort
+
+    from .session import InferenceSession
+
+    try:
+        reference = ort.InferenceSession(str(original), providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise ModelLoadError(f"{original}: onnxruntime cannot load it ({str(exc).splitlines()[0][:200]})") from None
+    try:
+        candidate = InferenceSession(str(fused), providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise ModelLoadError(f"{fused}: onnxruntime cannot load it ({str(exc).splitlines()[0][:200]})") from None
+
+    feed_sets = [dict(np.load(inputs))] if inputs else [
+        random_feeds_for_session(reference, dims, default_dim=d, seed=k)
+        for k, d in zip(range(runs), [1, 3, 7, 2, 5, 4, 6, 8])
+    ]
+    worst: dict[str, OutputComparison] = {}
+    for feeds in feed_sets:
+        try:
+            expected = reference.run(None, feeds)
+        except Exception as exc:
+            raise OnnxfuseError(
+                f"the original model fails on these inputs ({str(exc).splitlines()[0][:160]}); pass --inputs FILE.npz"
+            ) from None
+        actual = candidate.run(None, feeds)
+        for meta, e, a in zip(reference.get_outputs(), expected, actual):
+            cmp = compare_arrays(meta.name, np.asarray(e), np.asarray(a), rtol, atol)
+            if meta.name not in worst or (not cmp.ok, cmp.max_abs_error) > (not worst[meta.name].ok, worst[meta.name].max_abs_error):
+                worst[meta.name] = cmp
+    return VerifyResult(len(feed_sets), list(worst.values()))
