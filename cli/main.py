@@ -82,5 +82,83 @@ def inspect(model: str, max_depth: int, max_inputs: int, as_json: bool) -> None:
     click.echo(format_plan(model, plan))
 
 
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Where to write the fused model (default: MODEL's stem + .fused.onnx). The library goes beside it.")
+@click.option("--target", type=click.Choice(["native", "x86_64", "aarch64"]), default="native", show_default=True,
+              help="CPU to compile for: this machine, portable x86-64, or aarch64 Linux (cross-compiled).")
+@click.option("--mcpu", help="LLVM CPU name to tune for, e.g. neoverse-n1 or skylake.")
+@click.option("--mattr", help="Comma-separated LLVM CPU features, e.g. +neon,+dotprod.")
+@with_fusion_options
+@click.option("-j", "--jobs", type=click.IntRange(min=1), help="Groups compiled in parallel (default: CPU count).")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write what was fused, compiled and why not as JSON.")
+@click.option("--cache-dir", type=click.Path(file_okay=False),
+              help="Kernel cache (default: $ONNXFUSE_CACHE_DIR or ~/.cache/onnxfuse).")
+@click.option("--no-cache", is_flag=True, help="Compile every kernel afresh.")
+@click.option("--no-verify", is_flag=True, help="Skip checking each kernel against onnxruntime on random inputs.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the summary.")
+@_clean_errors
+def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, jobs, report_path, cache_dir, no_cache,
+             no_verify, quiet) -> None:
+    """Fuse MODEL, compile each group into one kernel, and write the fused model + its library."""
+    from onnxfuse.optimize import Progress
+    from onnxfuse.optimize import optimize as run_optimize
+
+    result = run_optimize(
+        model, output, target=target, mcpu=mcpu, mattr=mattr, max_depth=max_depth, max_inputs=max_inputs,
+        jobs=jobs, cache_dir=False if no_cache else (cache_dir or True), verify=not no_verify,
+        progress=Progress(enabled=not quiet),
+    )
+    report = result.report
+    if report_path:
+        from onnxfuse.atomic import write_text_atomic
+
+        write_text_atomic(report_path, json.dumps({"model": model, **report}, indent=1))
+    click.echo(
+        f"{model} → {result.model_path}"
+        + (f" + {result.library_path.name}" if result.library_path else " (nothing compiled: no library)")
+    )
+    click.echo(
+        f"  {report['groups_total']} groups: {report['groups_compiled']} compiled, {report['groups_cached']} cached, "
+        f"{report['groups_fallback']} fell back; {report['fused_node_count']} of {report['node_count']} nodes fused "
+        f"in {report['seconds']:.1f}s"
+    )
+    for g in report["groups"]:
+        if g["status"] == "fallback":
+            click.echo(f"  fallback {g['name']} ({g['size']} ops): {g['reason']}")
+
+
+@main.command()
+@click.argument("original", type=click.Path(dir_okay=False))
+@click.argument("fused", type=click.Path(dir_okay=False))
+@click.option("--rtol", type=float, default=1e-4, show_default=True)
+@click.option("--atol", type=float, default=1e-5, show_default=True)
+@click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Random input sets (symbolic dims take 1, 3, 7, ...).")
+@click.option("--inputs", type=click.Path(dir_okay=False), help="An .npz of inputs to use instead of random ones.")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=N", help="Value of a symbolic dimension, e.g. --dim N=8.")
+@_clean_errors
+def verify(original, fused, rtol, atol, runs, inputs, dims) -> None:
+    """Run ORIGINAL and FUSED under onnxruntime on the same inputs; exit 0 only if all outputs match."""
+    from onnxfuse.verify import verify_models
+
+    dim_values = {}
+    for item in dims:
+        name, _, value = item.partition("=")
+        if not value.isdigit():
+            raise click.BadParameter(f"{item!r} is not NAME=N", param_hint="--dim")
+        dim_values[name] = int(value)
+    result = verify_models(original, fused, rtol=rtol, atol=atol, runs=runs, inputs=inputs, dims=dim_values)
+    for o in result.outputs:
+        click.echo(f"  {'ok  ' if o.ok else 'FAIL'} {o.name}: max abs error {o.max_abs_error:.3g}, "
+                   f"max rel error {o.max_rel_error:.3g}")
+    worst = result.worst
+    verdict = "match" if result.ok else "MISMATCH"
+    click.echo(f"{verdict}: {len(result.outputs)} outputs over {result.runs} runs; worst {worst.name} "
+               f"(max abs error {worst.max_abs_error:.3g}, rtol {rtol}, atol {atol})")
+    sys.exit(0 if result.ok else EXIT_FAILED)
+
+
 if __name__ == "__main__":
     main()

@@ -3,7 +3,13 @@
 __version__ = "0.1.0"
 
 # Imported on first use: onnxruntime is only needed to run models, not to fuse them.
-_LAZY_EXPORTS = {"InferenceSession": "onnxfuse.session", "session_options": "onnxfuse.session"}
+_LAZY_EXPORTS = {
+    "InferenceSession": "onnxfuse.session",
+    "session_options": "onnxfuse.session",
+    "optimize": "onnxfuse.optimize",
+    "plan": "onnxfuse.api",
+    "FusionOptions": "onnxfuse.fusion.partition",
+}
 
 
 def __getattr__(name):

@@ -1,0 +1,16 @@
+"""Small conveniences of the Python API that sit on top of the stages."""
+
+from __future__ import annotations
+
+import os
+
+import onnx
+
+from .fusion.partition import FusionOptions
+from .fusion.plan import FusionPlan, plan_fusion
+from .loader import load_model
+
+
+def plan(model: str | os.PathLike | onnx.ModelProto, *, max_depth: int = 256, max_inputs: int = 64) -> FusionPlan:
+    """The fusion plan of a model file or ModelProto (what `onnxfuse inspect` prints)."""
+    return plan_fusion(load_model(model), FusionOptions(max_depth=max_depth, max_inputs=max_inputs))
