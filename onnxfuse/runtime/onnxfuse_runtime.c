@@ -277,13 +277,55 @@ static OrtStatus *call_kernel(const kernel_desc *k, const OrtKernelContext *ctx,
     return fail(last_error.code, k, "%s", last_error.message);
 }
 
+/* ---- Alignment -------------------------------------------------------------------------------
+ * TVM kernels assume 64-byte aligned buffers and emit aligned vector loads and stores, but
+ * onnxruntime passes caller memory (a numpy array, say) through as it is. Such tensors run
+ * through an aligned copy: inputs copied in before the call, outputs copied back after it. */
+static size_t tensor_bytes(const DLTensor *t) {
+    size_t n = 1;
+    for (int32_t d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];
+    return n * (size_t)((t->dtype.bits * t->dtype.lanes + 7) / 8);
+}
+
+static OrtStatus *stage_unaligned(const kernel_desc *k, call_frame *frame, void **original) {
+    for (int32_t i = 0; i < k->num_inputs + k->num_outputs; i++) {
+        DLTensor *t = &frame->tensors[i];
+        if ((uintptr_t)t->data % WORKSPACE_ALIGNMENT == 0) continue;
+        size_t bytes = tensor_bytes(t);
+        void *aligned = NULL;
+        if (posix_memalign(&aligned, WORKSPACE_ALIGNMENT, bytes ? bytes : 1) != 0)
+            return fail(ORT_FAIL, k, "out of memory aligning tensor %d (%zu bytes)", i, bytes);
+        if (i < k->num_inputs) memcpy(aligned, t->data, bytes);
+        original[i] = t->data;
+        t->data = aligned;
+    }
+    return NULL;
+}
+
+static void unstage(const kernel_desc *k, call_frame *frame, void **original, int copy_outputs) {
+    for (int32_t i = 0; i < k->num_inputs + k->num_outputs; i++) {
+        if (!original[i]) continue;
+        DLTensor *t = &frame->tensors[i];
+        if (copy_outputs && i >= k->num_inputs) memcpy(original[i], t->data, tensor_bytes(t));
+        free(t->data);
+        t->data = original[i];
+    }
+}
+
 static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
     const kernel_desc *k = kernel;
     call_frame *frame = new_call_frame(k);
     if (!frame) return fail(ORT_FAIL, k, "out of memory");
-    OrtStatus *status = bind_inputs(k, ctx, frame);
+    void **original = calloc((size_t)(k->num_inputs + k->num_outputs) + 1, sizeof(void *));
+    OrtStatus *status = original ? NULL : fail(ORT_FAIL, k, "out of memory");
+    if (!status) status = bind_inputs(k, ctx, frame);
     if (!status) status = bind_outputs(k, ctx, frame);
-    if (!status) status = call_kernel(k, ctx, frame);
+    if (!status) {
+        status = stage_unaligned(k, frame, original);
+        if (!status) status = call_kernel(k, ctx, frame);
+        unstage(k, frame, original, status == NULL);
+    }
+    free(original);
     free(frame);
     return status;
 }

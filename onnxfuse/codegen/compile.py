@@ -1,0 +1,144 @@
+"""Entry point: one fused ONNX group → one native kernel `__tvm_ffi_<name>` in an object file.
+
+Stages (each failure is a one-line `CompileError("<stage>: <reason>")`):
+import (ONNX → Relax → one PrimFunc, relax_import.py) → schedule (schedule.py; never fails, it
+degrades) → bounds (bounds.py: checks on data-dependent indices) → build (LLVM object file).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+import tvm
+
+from ..errors import CompileError
+from ..kernel_spec import KernelSpec, TensorSpec
+from ..target import Target
+from . import bounds, relax_import, schedule
+from .relax_import import _short
+
+
+@dataclass
+class CompiledGroup:
+    spec: KernelSpec
+    arg_sources: tuple[str, ...]
+    extra_weights: dict[str, np.ndarray]
+    stats: dict
+    _model: onnx.ModelProto = field(repr=False, default=None)
+    _fused: object = field(repr=False, default=None)  # the unscheduled fused PrimFunc, for run()
+    _host_kernel: object = field(repr=False, default=None)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Runs the kernel in-process with TVM's runtime (for verification against onnxruntime)."""
+        kernel = self._kernel()
+        values = self._argument_values(feeds)
+        bindings = _bind_symbols(self.spec.inputs, values)
+        args = [tvm.runtime.tensor(np.require(v, requirements="C")) for v in values]
+        outs = [tvm.runtime.empty(o.concrete(bindings), o.dtype) for o in self.spec.outputs]
+        kernel(*args, *outs)
+        return [o.numpy() for o in outs]
+
+    def _argument_values(self, feeds):
+        initializers = {i.name: i for i in self._model.graph.initializer}
+        values = []
+        for source, tensor in zip(self.arg_sources, self.spec.inputs):
+            if source in feeds:
+                value = np.asarray(feeds[source])
+            elif source in self.extra_weights:
+                value = self.extra_weights[source]
+            elif source in initializers:
+                value = numpy_helper.to_array(initializers[source])
+            else:
+                raise KeyError(f"no value for kernel input {source!r}")
+            values.append(value.astype(tensor.dtype, copy=False))
+        return values
+
+    def _kernel(self):
+        """The same schedule and index checks, with a serial tile loop, built for the host CPU (the
+        object file may be for another target; see schedule_group for why serial)."""
+        if self._host_kernel is None:
+            scheduled, _ = _schedule_or_plain(self._fused, allow_parallel=False)
+            checked, _ = bounds.add_index_checks(scheduled, self.spec.name)
+            func = checked.with_attr("global_symbol", self.spec.name)
+            ex = build(func, self.spec.name, tvm.target.Target({"kind": "llvm"}))
+            self._host_kernel = ex.mod[self.spec.name]
+        return self._host_kernel
+
+
+def _bind_symbols(specs, values) -> dict[str, int]:
+    bindings: dict[str, int] = {}
+    for spec, value in zip(specs, values):
+        if len(spec.shape) != value.ndim:
+            raise ValueError(f"rank mismatch: expected {spec.shape}, got {value.shape}")
+        for dim, actual in zip(spec.shape, value.shape):
+            if isinstance(dim, str):
+                if bindings.setdefault(dim, int(actual)) != int(actual):
+                    raise ValueError(f"dimension {dim} bound to {bindings[dim]} and {actual}")
+    return bindings
+
+
+def _stage(name: str, stats: dict, fn):
+    """Runs one stage, timing it and turning unexpected errors into CompileError."""
+    start = time.perf_counter()
+    try:
+        return fn()
+    except CompileError:
+        raise
+    except Exception as exc:  # TVM raises many error types; the user gets one line
+        raise CompileError(f"{name}: {_short(exc)}") from exc
+    finally:
+        stats[f"seconds_{name}"] = round(time.perf_counter() - start, 4)
+
+
+# Peel the ragged last row tile off, so full tiles run without a per-row predicate in their
+# vector loops (a symbolic batch otherwise keeps `row < N` checks in every inner loop).
+BUILD_CONFIG = {"s_tir.LoopPartition": {"partition_const_loop": True}}
+
+
+def build(func, name: str, tvm_target):
+    with tvm.transform.PassContext(opt_level=3, config=BUILD_CONFIG):
+        return tvm.compile(tvm.IRModule({name: func}), target=tvm_target)
+
+
+def build_object(func, name: str, target: Target, out_dir: pathlib.Path) -> pathlib.Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.o"
+    build(func, name, target.tvm_target()).mod.write_to_file(str(path))
+    return path
+
+
+def compile_group(model: onnx.ModelProto, name: str, target: Target, out_dir: pathlib.Path) -> CompiledGroup:
+    if not name.isidentifier():
+        raise CompileError(f"name: {name!r} is not a C identifier")
+    stats: dict = {}
+    group = _stage("import", stats, lambda: relax_import.import_group(model, name))
+    scheduled, sched_stats = _stage("schedule", stats, lambda: _schedule_or_plain(group.prim_func))
+    checked, n_checks = _stage("bounds", stats, lambda: bounds.add_index_checks(scheduled, name))
+    func = checked.with_attr("global_symbol", name)
+    obj = _stage("build", stats, lambda: build_object(func, name, target, pathlib.Path(out_dir)))
+    stats.update(sched_stats.as_dict())
+    stats["index_checks"] = n_checks
+    stats["fused_prim_funcs"] = 1  # import_group fails unless main calls exactly one PrimFunc
+
+    inputs = tuple(TensorSpec(dtype, dims) for dtype, dims in group.input_types)
+    outputs = tuple(TensorSpec(dtype, dims) for dtype, dims in group.output_types)
+    try:
+        spec = KernelSpec(name, inputs, outputs, str(obj))
+    except ValueError as exc:
+        raise CompileError(f"spec: {exc}") from exc
+    return CompiledGroup(spec, tuple(group.arg_sources), dict(group.extra_weights), stats, model, group.prim_func)
+
+
+def _schedule_or_plain(func, allow_parallel: bool = True):
+    """The tuned schedule, or (if TVM rejects it as a whole) the unscheduled function."""
+    try:
+        return schedule.schedule_group(func, allow_parallel)
+    except Exception as exc:  # a last-resort fallback: a valid kernel beats no kernel
+        stats = schedule.ScheduleStats(skipped_steps=[f"whole schedule: {_short(exc)}"])
+        return func, stats

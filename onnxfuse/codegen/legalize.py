@@ -1,0 +1,91 @@
+"""Our own lowerings where TVM's default ones defeat the schedule.
+
+- `reshape`: topi wraps the flat index with `% total` and every output coordinate with
+  `% extent`. With a symbolic batch (total = N*T) TVM's simplifier cannot remove those, and then
+  compute_at cannot bound what a row tile needs: every tile recomputed the whole batch. Our
+  reshape decomposes the flat index without wrapping the outermost coordinate, which is in range
+  by construction.
+- `take(shape_to_tensor(shape), k)`: the ONNX frontend reads a dimension this way for the
+  negative-index fix-up of GatherElements; when that dimension is static we fold it to a scalar
+  (otherwise it becomes a tiny run-time computation on a lifted constant).
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, te
+
+
+def _flat_index(shape, coords):
+    flat = tvm.tirx.const(0, "int64")
+    for extent, coord in zip(shape, coords):
+        flat = flat * extent + coord
+    return flat
+
+
+def _unflatten(flat, shape):
+    """Coordinates of `flat` in `shape`; the outermost one is not wrapped (flat < prod(shape))."""
+    coords = []
+    for extent in reversed(list(shape)[1:]):
+        coords.append(tvm.tirx.floormod(flat, extent))
+        flat = tvm.tirx.floordiv(flat, extent)
+    coords.append(flat)
+    return list(reversed(coords))
+
+
+def reshape_without_wrap(data: te.Tensor, new_shape) -> te.Tensor:
+    in_shape = list(data.shape)
+    if not in_shape:
+        return te.compute(tuple(new_shape), lambda *_: data(), name="T_reshape")
+
+    def element(*coords):
+        flat = _flat_index(new_shape, [tvm.tirx.Cast("int64", c) for c in coords]) if coords else tvm.tirx.const(0, "int64")
+        src = _unflatten(flat, [tvm.tirx.Cast("int64", d) for d in in_shape])
+        return data(*src)
+
+    return te.compute(tuple(new_shape), element, name="T_reshape")
+
+
+def _legalize_reshape(bb: relax.BlockBuilder, call):
+    target = call.args[1]
+    if isinstance(target, relax.Var):
+        target = bb.lookup_binding(target)
+    shape = target.values if isinstance(target, relax.ShapeExpr) else call.ty.shape.values
+    return bb.call_te(reshape_without_wrap, call.args[0], list(shape), primfunc_name_hint="reshape")
+
+
+CUSTOM_LEGALIZE = {"relax.reshape": _legalize_reshape}
+
+
+@relax.expr_functor.mutator
+class _ShapeTakeFolder(relax.PyExprMutator):
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if getattr(call.op, "name", None) != "relax.take":
+            return call
+        source, index = call.args[0], call.args[1]
+        if not isinstance(source, relax.Var) or not isinstance(index, tvm.ir.GenericConst):
+            return call
+        binding = self.lookup_binding(source)
+        if getattr(getattr(binding, "op", None), "name", None) != "relax.shape_to_tensor":
+            return call
+        values = getattr(binding.args[0].ty, "values", None)
+        k = index.value.numpy() if hasattr(index.value, "numpy") else None
+        if values is None or k is None or k.ndim != 0 or not -len(values) <= int(k) < len(values):
+            return call
+        dim = values[int(k)]
+        if not isinstance(getattr(dim, "value", None), int):
+            return call
+        return relax.const(int(dim.value), str(call.ty.dtype))
+
+
+@tvm.transform.module_pass(opt_level=0, name="OnnxfuseFoldShapeTake")
+class FoldShapeTake:
+    """Folds `take(shape_to_tensor(shape), k)` to the static dimension k."""
+
+    def transform_module(self, mod, ctx):
+        folder = _ShapeTakeFolder(mod)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                folder.builder_.update_func(gv, folder.visit_expr(func))
+        return folder.builder_.get()

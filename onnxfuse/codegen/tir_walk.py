@@ -1,0 +1,63 @@
+"""Read-only walks over TIR expressions (TVM 0.27 exposes no Python StmtExprVisitor for TIR)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import tvm
+
+TensorLoad = tvm.ir.TensorLoad
+_CHILD_FIELDS = ("a", "b", "value", "condition", "true_value", "false_value", "args", "indices", "base", "stride", "vectors", "body")
+
+
+def _children(node) -> Iterator:
+    for field in _CHILD_FIELDS:
+        child = getattr(node, field, None)
+        if child is None:
+            continue
+        if isinstance(child, tvm.ir.expr.Expr):
+            yield child
+        elif isinstance(child, (list, tuple)) or type(child).__name__ == "Array":
+            for item in child:
+                if isinstance(item, tvm.ir.expr.Expr):
+                    yield item
+
+
+def iter_loads(expr) -> Iterator[TensorLoad]:
+    """Every buffer load inside `expr`, outer loads before the loads in their indices."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, TensorLoad):
+            yield node
+            stack.extend(node.indices)
+            continue
+        stack.extend(_children(node))
+
+
+def contains_load(expr) -> bool:
+    return next(iter_loads(expr), None) is not None
+
+
+def store_value_exprs(block) -> list:
+    """The expressions a block computes: its body store (and its reduction init store)."""
+    exprs = []
+    for stmt in (block.body, block.init):
+        if stmt is not None and hasattr(stmt, "value"):
+            exprs.append(stmt.value)
+            exprs.extend(stmt.indices)
+    return exprs
+
+
+def count_loads_of(block, buffer) -> int:
+    return sum(1 for e in store_value_exprs(block) for ld in iter_loads(e) if ld.source.same_as(buffer))
+
+
+def is_index_copy(block) -> bool:
+    """A pure data move (reshape/split/slice/transpose view): the body stores one load whose
+    indices depend on loop variables only (a gather is not a copy: duplicating it duplicates
+    its index computation)."""
+    body = block.body
+    if block.init is not None or not isinstance(getattr(body, "value", None), TensorLoad):
+        return False
+    return not any(contains_load(i) for i in body.value.indices)

@@ -1,0 +1,326 @@
+"""Codegen: each group compiles to one kernel whose results match onnxruntime on the same group."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from onnxfuse.codegen.compile import CompiledGroup, compile_group
+from onnxfuse.errors import CompileError
+from onnxfuse.target import resolve_target
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+# ---------------------------------------------------------------- model builders
+
+
+def make_model(nodes, inputs, outputs, inits=None, opset=17) -> onnx.ModelProto:
+    initializers = [nh.from_array(v, k) for k, v in (inits or {}).items()]
+    graph = h.make_graph(nodes, "group", inputs, outputs, initializers)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def f32(name, shape):
+    return h.make_tensor_value_info(name, TP.FLOAT, shape)
+
+
+def i64(name, shape):
+    return h.make_tensor_value_info(name, TP.INT64, shape)
+
+
+def lstm_gate_model(hidden=16, k=24, opset=18):
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((k, 3 * hidden)) * 0.3).astype(np.float32)
+    nodes = [
+        h.make_node("MatMul", ["x", "W"], ["m"]),
+        h.make_node("Split", ["m"], ["a", "b", "c"], axis=1, num_outputs=3),
+        h.make_node("Sigmoid", ["a"], ["sa"]),
+        h.make_node("Tanh", ["b"], ["tb"]),
+        h.make_node("Exp", ["c"], ["ec"]),
+        h.make_node("Mul", ["sa", "tb"], ["p"]),
+        h.make_node("Add", ["p", "ec"], ["y"]),
+    ]
+    return make_model(nodes, [f32("x", ["N", k])], [f32("y", ["N", hidden])], {"W": w}, opset)
+
+
+def tree_chain_model(depth: int, n_trees: int = 10, n_features: int = 8, tree_depth: int = 5, seed: int = 0):
+    """Hummingbird `tree_trav`-style traversal: per level Reshape/Gather×4/GatherElements/
+    LessOrEqual/Where/Cast/Add/Reshape; ends with a leaf-value Gather. Inputs: X and root indices."""
+    rng = np.random.default_rng(seed)
+    nodes_per_tree = 2 ** (tree_depth + 1) - 1
+    total = n_trees * nodes_per_tree
+    local = np.arange(nodes_per_tree)
+    is_leaf = local >= 2 ** tree_depth - 1
+    left_local = np.where(is_leaf, local, np.minimum(2 * local + 1, nodes_per_tree - 1))
+    right_local = np.where(is_leaf, local, np.minimum(2 * local + 2, nodes_per_tree - 1))
+    inits = {
+        "features": rng.integers(0, n_features, total).astype(np.int64),
+        "thresholds": rng.standard_normal(total).astype(np.float32),
+        "lefts": np.tile(left_local, n_trees).astype(np.int32),
+        "rights": np.tile(right_local, n_trees).astype(np.int32),
+        "offsets": (np.arange(n_trees) * nodes_per_tree).astype(np.int64),
+        "values": rng.standard_normal(total).astype(np.float32),
+        "flat": np.array([-1], dtype=np.int64),
+        "rows": np.array([-1, n_trees], dtype=np.int64),
+    }
+    nodes = []
+    index = "idx0"
+    for level in range(depth):
+        p = f"l{level}_"
+        nodes += [
+            h.make_node("Reshape", [index, "flat"], [p + "flat"]),
+            h.make_node("Gather", ["features", p + "flat"], [p + "f"], axis=0),
+            h.make_node("Gather", ["thresholds", p + "flat"], [p + "t"], axis=0),
+            h.make_node("Gather", ["lefts", p + "flat"], [p + "l"], axis=0),
+            h.make_node("Gather", ["rights", p + "flat"], [p + "r"], axis=0),
+            h.make_node("Reshape", [p + "f", "rows"], [p + "f2"]),
+            h.make_node("Reshape", [p + "t", "rows"], [p + "t2"]),
+            h.make_node("Reshape", [p + "l", "rows"], [p + "l2"]),
+            h.make_node("Reshape", [p + "r", "rows"], [p + "r2"]),
+            h.make_node("GatherElements", ["X", p + "f2"], [p + "x"], axis=1),
+            h.make_node("LessOrEqual", [p + "x", p + "t2"], [p + "c"]),
+            h.make_node("Where", [p + "c", p + "l2", p + "r2"], [p + "w"]),
+            h.make_node("Cast", [p + "w"], [p + "w64"], to=TP.INT64),
+            h.make_node("Add", [p + "w64", "offsets"], [p + "n"]),
+            h.make_node("Reshape", [p + "n", "rows"], [p + "next"]),
+        ]
+        index = p + "next"
+    nodes += [
+        h.make_node("Reshape", [index, "flat"], ["leaf_flat"]),
+        h.make_node("Gather", ["values", "leaf_flat"], ["leaf_values"], axis=0),
+        h.make_node("Reshape", ["leaf_values", "rows"], ["scores"]),
+    ]
+    model = make_model(
+        nodes,
+        [f32("X", ["N", n_features]), i64("idx0", ["N", n_trees])],
+        [f32("scores", ["N", n_trees])],
+        inits,
+        opset=13,
+    )
+    return model, inits["offsets"]
+
+
+def tree_feeds(batch, n_features, offsets, seed=1):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, n_features)).astype(np.float32)
+    idx0 = np.broadcast_to(offsets, (batch, len(offsets))).astype(np.int64).copy()
+    return {"X": x, "idx0": idx0}
+
+
+# ---------------------------------------------------------------- helpers
+
+
+@pytest.fixture(scope="module")
+def target():
+    return resolve_target("native")
+
+
+def ort_run(model, feeds):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def check_against_ort(cg: CompiledGroup, model, feeds):
+    expected = ort_run(model, feeds)
+    got = cg.run(feeds)
+    assert len(got) == len(expected)
+    for e, g in zip(expected, got):
+        assert g.shape == e.shape
+        if np.issubdtype(e.dtype, np.floating):
+            np.testing.assert_allclose(g, e, rtol=RTOL, atol=ATOL)
+        else:
+            np.testing.assert_array_equal(g, e)
+
+
+def random_feeds(model, batch=3, seed=0):
+    rng = np.random.default_rng(seed)
+    initializers = {i.name for i in model.graph.initializer}
+    feeds = {}
+    for inp in model.graph.input:
+        if inp.name in initializers:
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else batch for d in inp.type.tensor_type.shape.dim]
+        feeds[inp.name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds
+
+
+def compile_and_check(model, tmp_path, target, name="k", batches=(3,)):
+    cg = compile_group(model, name, target, tmp_path)
+    for b in batches:
+        check_against_ort(cg, model, random_feeds(model, b))
+    return cg
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_elementwise_chain(tmp_path, target):
+    nodes = [
+        h.make_node("Mul", ["x", "x"], ["a"]),
+        h.make_node("Relu", ["a"], ["b"]),
+        h.make_node("Sigmoid", ["b"], ["c"]),
+        h.make_node("Tanh", ["c"], ["d"]),
+        h.make_node("Exp", ["d"], ["e"]),
+        h.make_node("Neg", ["e"], ["y"]),
+    ]
+    model = make_model(nodes, [f32("x", ["N", 32])], [f32("y", ["N", 32])])
+    compile_and_check(model, tmp_path, target, batches=(1, 5, 70))
+
+
+def test_broadcasting_binary_ops(tmp_path, target):
+    bias = np.linspace(-1, 1, 8).astype(np.float32)
+    nodes = [
+        h.make_node("Add", ["x", "row"], ["a"]),  # [N,4,8] + [4,1]
+        h.make_node("Mul", ["a", "bias"], ["b"]),  # + [8]
+        h.make_node("Sub", ["b", "x"], ["c"]),
+        h.make_node("Div", ["c", "two"], ["y"]),
+    ]
+    model = make_model(
+        nodes,
+        [f32("x", ["N", 4, 8]), f32("row", [4, 1])],
+        [f32("y", ["N", 4, 8])],
+        {"bias": bias, "two": np.array(2.0, dtype=np.float32)},
+    )
+    compile_and_check(model, tmp_path, target, batches=(2, 9))
+
+
+def test_lstm_gate_is_one_kernel_with_symbolic_batch(tmp_path, target):
+    from onnxfuse.codegen.relax_import import import_group
+
+    model = lstm_gate_model()
+    group = import_group(model, "gate")
+    assert group.prim_func is not None  # import_group raises unless exactly one PrimFunc is called
+    cg = compile_and_check(model, tmp_path, target, name="lstm_gate", batches=(1, 37))
+    assert cg.stats["fused_prim_funcs"] == 1
+    assert cg.spec.inputs[0].shape == ("N", 24)
+    assert cg.spec.outputs[0].shape == ("N", 16)
+    assert cg.arg_sources == ("x", "W")
+    assert (tmp_path / "lstm_gate.o").exists()
+
+
+def test_matmul_add_relu_epilogue(tmp_path, target):
+    rng = np.random.default_rng(3)
+    nodes = [
+        h.make_node("MatMul", ["x", "W"], ["m"]),
+        h.make_node("Add", ["m", "b"], ["a"]),
+        h.make_node("Relu", ["a"], ["y"]),
+    ]
+    model = make_model(
+        nodes,
+        [f32("x", ["N", 40])],
+        [f32("y", ["N", 64])],
+        {"W": rng.standard_normal((40, 64)).astype(np.float32), "b": rng.standard_normal(64).astype(np.float32)},
+    )
+    cg = compile_and_check(model, tmp_path, target, batches=(1, 13, 64))
+    assert cg.stats["reductions_scheduled"] >= 1
+
+
+def test_gemm_trans_b(tmp_path, target):
+    rng = np.random.default_rng(4)
+    nodes = [h.make_node("Gemm", ["x", "W", "c"], ["y"], transB=1, alpha=0.5, beta=2.0)]
+    model = make_model(
+        nodes,
+        [f32("x", [12, 20])],
+        [f32("y", [12, 32])],
+        {"W": rng.standard_normal((32, 20)).astype(np.float32), "c": rng.standard_normal(32).astype(np.float32)},
+    )
+    compile_and_check(model, tmp_path, target)
+
+
+def test_conv_relu(tmp_path, target):
+    rng = np.random.default_rng(5)
+    nodes = [
+        h.make_node("Conv", ["x", "W", "B"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        h.make_node("Relu", ["c"], ["y"]),
+    ]
+    model = make_model(
+        nodes,
+        [f32("x", [2, 3, 8, 8])],
+        [f32("y", [2, 4, 8, 8])],
+        {"W": rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "B": rng.standard_normal(4).astype(np.float32)},
+    )
+    compile_and_check(model, tmp_path, target)
+
+
+def test_layernorm_pieces(tmp_path, target):
+    nodes = [
+        h.make_node("ReduceMean", ["x"], ["mu"], axes=[-1], keepdims=1),
+        h.make_node("Sub", ["x", "mu"], ["d"]),
+        h.make_node("Mul", ["d", "d"], ["d2"]),
+        h.make_node("ReduceMean", ["d2"], ["var"], axes=[-1], keepdims=1),
+        h.make_node("Add", ["var", "eps"], ["ve"]),
+        h.make_node("Sqrt", ["ve"], ["sd"]),
+        h.make_node("Div", ["d", "sd"], ["y"]),
+    ]
+    model = make_model(
+        nodes, [f32("x", ["N", 48])], [f32("y", ["N", 48])], {"eps": np.array(1e-5, dtype=np.float32)}, opset=13
+    )
+    compile_and_check(model, tmp_path, target, batches=(1, 19))
+
+
+def test_multiple_outputs(tmp_path, target):
+    nodes = [
+        h.make_node("Add", ["x", "x"], ["a"]),
+        h.make_node("Relu", ["a"], ["y1"]),
+        h.make_node("Sigmoid", ["a"], ["y2"]),
+    ]
+    model = make_model(nodes, [f32("x", ["N", 24])], [f32("y1", ["N", 24]), f32("y2", ["N", 24])])
+    cg = compile_and_check(model, tmp_path, target, batches=(1, 33))
+    assert len(cg.spec.outputs) == 2
+
+
+@pytest.mark.parametrize("depth", [3, 8])
+def test_tree_chain(tmp_path, target, depth):
+    model, offsets = tree_chain_model(depth)
+    start = time.perf_counter()
+    cg = compile_group(model, f"tree{depth}", target, tmp_path)
+    print(f"tree depth {depth}: compiled in {time.perf_counter() - start:.2f} s; {cg.stats}")
+    for batch in (1, 37, 1000):
+        check_against_ort(cg, model, tree_feeds(batch, 8, offsets, seed=batch))
+    assert cg.stats["index_checks"] > 0
+
+
+def test_out_of_range_gather_index_is_an_error(tmp_path, target):
+    model, offsets = tree_chain_model(2)
+    cg = compile_group(model, "tree_bad", target, tmp_path)
+    feeds = tree_feeds(50, 8, offsets)
+    feeds["idx0"][7, 2] = 10**6
+    with pytest.raises(Exception, match="index"):
+        cg.run(feeds)
+    feeds["idx0"][7, 2] = -(10**6)
+    with pytest.raises(Exception, match="index"):
+        cg.run(feeds)
+    # A negative index within [-n, 0) wraps once, as in ONNX; the kernel still works afterwards.
+    feeds["idx0"][7, 2] = -5
+    check_against_ort(cg, model, feeds)
+
+
+def test_unsupported_op_raises_compile_error(tmp_path, target):
+    nodes = [h.make_node("NonMaxSuppression", ["boxes", "scores"], ["sel"])]
+    model = make_model(
+        nodes,
+        [f32("boxes", [1, 6, 4]), f32("scores", [1, 1, 6])],
+        [i64("sel", [None, 3])],
+        opset=13,
+    )
+    with pytest.raises(CompileError) as info:
+        compile_group(model, "nms", target, tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_bad_name_raises_compile_error(tmp_path, target):
+    with pytest.raises(CompileError):
+        compile_group(lstm_gate_model(), "not an identifier", target, tmp_path)
