@@ -134,12 +134,14 @@ def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, jobs, re
 @click.argument("fused", type=click.Path(dir_okay=False))
 @click.option("--rtol", type=float, default=1e-4, show_default=True)
 @click.option("--atol", type=float, default=1e-5, show_default=True)
+@click.option("--norm-rtol", type=float, default=1e-5, show_default=True,
+              help="Tolerance relative to each output's largest magnitude (rounding in sums that cancel).")
 @click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True,
               help="Random input sets (symbolic dims take 1, 3, 7, ...).")
 @click.option("--inputs", type=click.Path(dir_okay=False), help="An .npz of inputs to use instead of random ones.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=N", help="Value of a symbolic dimension, e.g. --dim N=8.")
 @_clean_errors
-def verify(original, fused, rtol, atol, runs, inputs, dims) -> None:
+def verify(original, fused, rtol, atol, norm_rtol, runs, inputs, dims) -> None:
     """Run ORIGINAL and FUSED under onnxruntime on the same inputs; exit 0 only if all outputs match."""
     from onnxfuse.verify import verify_models
 
@@ -149,7 +151,8 @@ def verify(original, fused, rtol, atol, runs, inputs, dims) -> None:
         if not value.isdigit():
             raise click.BadParameter(f"{item!r} is not NAME=N", param_hint="--dim")
         dim_values[name] = int(value)
-    result = verify_models(original, fused, rtol=rtol, atol=atol, runs=runs, inputs=inputs, dims=dim_values)
+    result = verify_models(original, fused, rtol=rtol, atol=atol, runs=runs, inputs=inputs, dims=dim_values,
+                           norm_rtol=norm_rtol)
     for o in result.outputs:
         click.echo(f"  {'ok  ' if o.ok else 'FAIL'} {o.name}: max abs error {o.max_abs_error:.3g}, "
                    f"max rel error {o.max_rel_error:.3g}")

@@ -7,6 +7,7 @@ and two processes racing on one key both end with a valid entry.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -34,11 +35,21 @@ def default_cache_dir() -> Path:
     return Path(base) / "onnxfuse"
 
 
+@functools.lru_cache(maxsize=1)
+def codegen_fingerprint() -> str:
+    """A hash of the code generator's source: a changed lowering must never reuse old kernels."""
+    h = hashlib.sha256()
+    for path in sorted((Path(__file__).parent / "codegen").glob("*.py")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def group_key(group_model: onnx.ModelProto, target_key: str) -> str:
     import tvm
 
     h = hashlib.sha256()
-    h.update(f"onnxfuse {__version__}|tvm {tvm.__version__}|{target_key}|".encode())
+    h.update(f"onnxfuse {__version__}+{codegen_fingerprint()}|tvm {tvm.__version__}|{target_key}|".encode())
     h.update(group_model.SerializeToString(deterministic=True))
     return h.hexdigest()
 

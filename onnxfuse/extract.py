@@ -42,8 +42,24 @@ def extract_group(graph: Graph, group: FusedGroup) -> onnx.ModelProto:
             inputs.append(_value_info(value, f"input {name!r}"))
     outputs = [_value_info(graph.value(name), f"output {name!r}", allow_unknown_dims=True) for name in group.outputs]
     g = helper.make_graph(protos, group.name, inputs, outputs, list(initializers.values()))
-    opsets = [helper.make_opsetid("", graph.opsets.get("", 17))]
-    return helper.make_model(g, opset_imports=opsets, ir_version=graph.model.ir_version or 9)
+    opset = graph.opsets.get("", 17)
+    group_model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)],
+                                    ir_version=max(graph.model.ir_version, 7))
+    return _modernized(group_model) if opset < MIN_GROUP_OPSET else group_model
+
+
+MIN_GROUP_OPSET = 13
+
+
+def _modernized(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Old opsets (attributes where inputs are now) are upgraded: TVM's frontend and onnxruntime
+    both handle opset 13 best. A group the converter cannot upgrade stays as it was."""
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, MIN_GROUP_OPSET)
+    except Exception:
+        return model
 
 
 def _c_name(name: str) -> str:

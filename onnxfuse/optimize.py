@@ -8,6 +8,8 @@ written to temporary files and renamed at the end, so a failed run leaves nothin
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import sys
 import tempfile
@@ -199,8 +201,11 @@ def compile_one(model_bytes: bytes, name: str, target_args: tuple, build_dir: st
         tgt = resolve_target(*target_args)
         out_dir = Path(build_dir) / name
         out_dir.mkdir(parents=True, exist_ok=True)
-        compiled = compile_group(group_model, name, tgt, out_dir)
+        with native_stderr_captured() as messages:
+            compiled = compile_group(group_model, name, tgt, out_dir)
         info: dict = {"stats": _jsonable(compiled.stats)}
+        if messages:
+            info["tvm_messages"] = messages
         if verify and tgt.name != "aarch64":
             info["verify"] = verify_kernel(compiled, group_model)
         kernel = GroupKernel(compiled.spec, tuple(compiled.arg_sources), dict(compiled.extra_weights))
@@ -212,14 +217,43 @@ def compile_one(model_bytes: bytes, name: str, target_args: tuple, build_dir: st
         return None, {}, f"unexpected {type(exc).__name__}: {first}", time.perf_counter() - started
 
 
+@contextlib.contextmanager
+def native_stderr_captured():
+    """Collect what TVM writes while compiling: C++ logging on file descriptor 2 (it bypasses
+    sys.stderr) and the frontend's print() calls.
+
+    Its messages are about TVM internals (e.g. topi's unchecked gather, which our index checks
+    replace); the user gets them in the report, not mixed into the tool's output.
+    """
+    messages: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    printed = io.StringIO()
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            with contextlib.redirect_stdout(printed):
+                yield messages
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            text = sink.read().decode(errors="replace") + printed.getvalue()
+            messages.extend(dict.fromkeys(line.split("] ", 1)[-1].strip() for line in text.splitlines() if line.strip()))
+
+
 def verify_kernel(compiled, group_model: onnx.ModelProto) -> dict:
     """Run the kernel and onnxruntime on the same random inputs; a mismatch is a CompileError."""
     import onnxruntime as ort
 
     from .feeds import random_feeds_for_session
-    from .verify import compare_arrays
+    from .verify import compare_arrays, quiet_session_options
 
-    session = ort.InferenceSession(group_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    try:
+        session = ort.InferenceSession(group_model.SerializeToString(), quiet_session_options(),
+                                       providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise CompileError(f"verify: onnxruntime cannot run this group as a reference ({_first_line(exc)})") from None
     worst = 0.0
     for dim, seed in ((1, 0), (3, 1)):
         feeds = random_feeds_for_session(session, default_dim=dim, seed=seed)
@@ -234,6 +268,10 @@ def verify_kernel(compiled, group_model: onnx.ModelProto) -> dict:
                 raise CompileError(f"verify: output {meta.name} differs from onnxruntime (max abs error {cmp.max_abs_error:.3g})")
             worst = max(worst, cmp.max_abs_error)
     return {"checked": True, "max_abs_error": worst}
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
 def _jsonable(stats: dict) -> dict:

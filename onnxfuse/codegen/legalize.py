@@ -5,6 +5,9 @@
   compute_at cannot bound what a row tile needs: every tile recomputed the whole batch. Our
   reshape decomposes the flat index without wrapping the outermost coordinate, which is in range
   by construction.
+- `relu`: TVM lowers it to `max(x, 0)`, which turns NaN into 0; onnxruntime (and numpy) keep
+  NaN. `x < 0 ? 0 : x` keeps it at the same cost, so a kernel agrees with onnxruntime even on
+  the NaNs a model with degenerate weights produces.
 - `take(shape_to_tensor(shape), k)`: the ONNX frontend reads a dimension this way for the
   negative-index fix-up of GatherElements; when that dimension is static we fold it to a scalar
   (otherwise it becomes a tiny run-time computation on a lifted constant).
@@ -54,7 +57,16 @@ def _legalize_reshape(bb: relax.BlockBuilder, call):
     return bb.call_te(reshape_without_wrap, call.args[0], list(shape), primfunc_name_hint="reshape")
 
 
-CUSTOM_LEGALIZE = {"relax.reshape": _legalize_reshape}
+def relu_keeping_nan(data: te.Tensor) -> te.Tensor:
+    zero = tvm.tirx.const(0, data.dtype)
+    return te.compute(data.shape, lambda *i: tvm.tirx.Select(data(*i) < zero, zero, data(*i)), name="T_relu")
+
+
+def _legalize_relu(bb: relax.BlockBuilder, call):
+    return bb.call_te(relu_keeping_nan, call.args[0], primfunc_name_hint="relu")
+
+
+CUSTOM_LEGALIZE = {"relax.reshape": _legalize_reshape, "relax.nn.relu": _legalize_relu}
 
 
 @relax.expr_functor.mutator

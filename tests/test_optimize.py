@@ -1,0 +1,256 @@
+"""End to end: optimize → load in onnxruntime with our library → compare with the original.
+
+Every comparison is against onnxruntime running the original model, or against the expected
+outputs the ONNX backend test data ships.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+from onnx import numpy_helper
+
+import onnxfuse
+from onnx_builder import model, node
+from onnxfuse.errors import CompileError
+from onnxfuse.optimize import optimize
+from onnxfuse.verify import compare_arrays
+from onnxfuse_cli.main import main
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+BACKEND = Path(onnx.__file__).parent / "backend" / "test" / "data"
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory):
+    """One kernel cache per test worker: tests that optimize the same model share kernels."""
+    return tmp_path_factory.mktemp("kernel-cache")
+
+
+def quiet():
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return options
+
+
+def run_both(original: Path, fused: Path, feeds: dict) -> tuple[list, list]:
+    reference = ort.InferenceSession(str(original), quiet(), providers=["CPUExecutionProvider"])
+    candidate = onnxfuse.InferenceSession(str(fused), quiet(), providers=["CPUExecutionProvider"])
+    return reference.run(None, feeds), candidate.run(None, feeds)
+
+
+def assert_outputs_match(expected, actual, rtol=1e-4, atol=1e-5):
+    assert len(expected) == len(actual)
+    for k, (e, a) in enumerate(zip(expected, actual)):
+        cmp = compare_arrays(f"output {k}", np.asarray(e), np.asarray(a), rtol, atol)
+        assert cmp.ok, f"output {k}: max abs error {cmp.max_abs_error}"
+
+
+def random_inputs(path: Path, batch: int, seed: int = 0) -> dict:
+    """Float inputs drawn normal; the symbolic batch dimension set to `batch`."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for vi in onnx.load(str(path), load_external_data=False).graph.input:
+        dims = [d.dim_value if d.HasField("dim_value") else batch for d in vi.type.tensor_type.shape.dim]
+        feeds[vi.name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds
+
+
+BUNDLED = [
+    "lstm_gate", "lstm_cell", "gru_cell", "tree_trav_d3", "tree_trav_d8", "perf_tree_trav_d3",
+    "perf_tree_trav_d8", "conv_block", "transformer_mlp", "diamond", "concat_exit",
+]
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_bundled_model_matches_onnxruntime(name, tmp_path, cache):
+    source = MODELS / f"{name}.onnx"
+    result = optimize(source, tmp_path / f"{name}.fused.onnx", cache_dir=cache, jobs=1)
+    report = result.report
+    assert report["groups_total"] >= 1
+    assert report["groups_fallback"] == 0, [g.get("reason") for g in report["groups"]]
+    assert result.library_path.is_file()
+    for batch in (1, 5, 64):
+        expected, actual = run_both(source, result.model_path, random_inputs(source, batch, seed=batch))
+        assert_outputs_match(expected, actual)
+
+
+@pytest.mark.parametrize("name", ["lstm_gate", "lstm_cell", "gru_cell"])
+def test_recurrent_cell_becomes_one_kernel(name, tmp_path, cache):
+    """MatMul, Split and every gate op in ONE custom op: the whole cell is one node."""
+    result = optimize(MODELS / f"{name}.onnx", tmp_path / "cell.fused.onnx", cache_dir=cache, jobs=1)
+    fused = onnx.load(str(result.model_path))
+    assert [n.domain for n in fused.graph.node] == ["ai.onnxfuse"]
+    (group,) = result.report["groups"]
+    assert {"MatMul", "Split", "Sigmoid", "Tanh"} <= set(group["op_types"])
+
+
+def test_unaligned_input_memory(tmp_path, cache):
+    """Numpy views at odd offsets reach the kernel as they are; results must not change."""
+    source = MODELS / "diamond.onnx"
+    result = optimize(source, tmp_path / "diamond.fused.onnx", cache_dir=cache, jobs=1)
+    for batch in (1, 7, 33):
+        storage = np.random.default_rng(batch).standard_normal(batch * 32 + 1).astype(np.float32)
+        x = storage[1:].reshape(batch, 32)  # 4 bytes past an aligned start
+        assert x.ctypes.data % 64 != 0
+        expected, actual = run_both(source, result.model_path, {"X": x})
+        assert_outputs_match(expected, actual)
+
+
+def test_second_optimize_compiles_nothing(tmp_path):
+    cache_dir = tmp_path / "cache"
+    first = optimize(MODELS / "tree_trav_d3.onnx", tmp_path / "a" / "t.fused.onnx", cache_dir=cache_dir, jobs=1)
+    second = optimize(MODELS / "tree_trav_d3.onnx", tmp_path / "b" / "t.fused.onnx", cache_dir=cache_dir, jobs=1)
+    assert first.report["groups_compiled"] >= 1
+    assert second.report["groups_compiled"] == 0
+    assert second.report["groups_cached"] == first.report["groups_total"]
+    for result in (first, second):
+        assert result.model_path.read_bytes() == first.model_path.read_bytes()
+        assert result.library_path.read_bytes() == first.library_path.read_bytes()
+
+
+def test_same_input_gives_byte_identical_files(tmp_path):
+    outs = []
+    for run in ("one", "two"):
+        result = optimize(MODELS / "lstm_cell.onnx", tmp_path / run / "cell.fused.onnx", cache_dir=False, jobs=1)
+        outs.append((result.model_path.read_bytes(), result.library_path.read_bytes()))
+    assert outs[0] == outs[1]
+
+
+def test_group_that_cannot_compile_falls_back(tmp_path, cache):
+    """Celu has no TVM frontend: its group stays as ONNX nodes, the other group is fused."""
+    m = model(
+        [
+            node("Celu", ["x"], "c"), node("Neg", ["c"], "y1"),
+            node("Sigmoid", ["x"], "s"), node("Tanh", ["s"], "y2"),
+        ],
+        {"x": (4, 8)}, {"y1": (4, 8), "y2": (4, 8)},
+    )
+    source = tmp_path / "mixed.onnx"
+    onnx.save(m, str(source))
+    result = optimize(source, tmp_path / "mixed.fused.onnx", cache_dir=cache, jobs=1)
+    statuses = {tuple(g["op_types"]): g for g in result.report["groups"]}
+    assert statuses[("Celu", "Neg")]["status"] == "fallback"
+    assert "Celu" in statuses[("Celu", "Neg")]["reason"]
+    assert statuses[("Sigmoid", "Tanh")]["status"] == "compiled"
+    ops = [n.op_type for n in onnx.load(str(result.model_path)).graph.node]
+    assert "Celu" in ops and "Neg" in ops and "Sigmoid" not in ops
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    expected, actual = run_both(source, result.model_path, {"x": x})
+    assert_outputs_match(expected, actual)
+
+
+def test_failed_run_leaves_no_files(tmp_path, monkeypatch, cache):
+    import onnxfuse.runtime.library as library
+
+    def broken(*args, **kwargs):
+        raise CompileError("library: linker exploded")
+
+    monkeypatch.setattr(library, "build_library", broken)
+    out = tmp_path / "out"
+    with pytest.raises(CompileError):
+        optimize(MODELS / "lstm_gate.onnx", out / "gate.fused.onnx", cache_dir=cache, jobs=1)
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_parallel_jobs_give_the_same_model(tmp_path):
+    serial = optimize(MODELS / "conv_block.onnx", tmp_path / "s" / "c.fused.onnx", cache_dir=False, jobs=1)
+    parallel = optimize(MODELS / "conv_block.onnx", tmp_path / "p" / "c.fused.onnx", cache_dir=False, jobs=2)
+    assert serial.model_path.read_bytes() == parallel.model_path.read_bytes()
+    assert parallel.report["groups_compiled"] == 2
+
+
+# -- the CLI ---------------------------------------------------------------------------------------
+
+def test_cli_optimize_report_and_verify(tmp_path, cache):
+    out = tmp_path / "gate.fused.onnx"
+    report = tmp_path / "report.json"
+    runner = CliRunner()
+    result = runner.invoke(main, ["optimize", str(MODELS / "lstm_gate.onnx"), "-o", str(out), "--report", str(report),
+                                  "--cache-dir", str(cache), "-q"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    assert data["groups"][0]["status"] in ("compiled", "cached")
+    assert data["groups"][0]["kernel"].startswith("k_")
+    verified = runner.invoke(main, ["verify", str(MODELS / "lstm_gate.onnx"), str(out), "--dim", "N=17"])
+    assert verified.exit_code == 0, verified.output
+    assert "match" in verified.output
+
+
+def test_cli_verify_exits_1_on_mismatch(tmp_path):
+    for name, op in (("a.onnx", "Relu"), ("b.onnx", "Sigmoid")):
+        onnx.save(model([node(op, ["x"], "y")], {"x": (2, 3)}, {"y": (2, 3)}), str(tmp_path / name))
+    result = CliRunner().invoke(main, ["verify", str(tmp_path / "a.onnx"), str(tmp_path / "b.onnx")])
+    assert result.exit_code == 1
+    assert "MISMATCH" in result.output
+
+
+def test_cli_optimize_bad_input_exits_2(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07garbage")
+    result = CliRunner().invoke(main, ["optimize", str(bad), "-o", str(tmp_path / "o.onnx")])
+    assert result.exit_code == 2
+    assert not (tmp_path / "o.onnx").exists()
+
+
+# -- real models: the ONNX backend test data -------------------------------------------------------
+
+def light_inputs(path: Path) -> dict:
+    """The inputs the ONNX backend runner feeds light models: arange(n)/n in the input's shape."""
+    feeds = {}
+    m = onnx.load(str(path), load_external_data=False)
+    inits = {i.name for i in m.graph.initializer}
+    for vi in m.graph.input:
+        if vi.name in inits:
+            continue
+        shape = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in vi.type.tensor_type.shape.dim)
+        n = int(np.prod(shape))
+        feeds[vi.name] = (np.arange(n).reshape(shape) / n).astype(np.float32)
+    return feeds
+
+
+LIGHT = sorted((BACKEND / "light").glob("*.onnx"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", LIGHT, ids=lambda p: p.stem)
+def test_light_model_reproduces_shipped_outputs(path, tmp_path, cache):
+    result = optimize(path, tmp_path / f"{path.stem}.fused.onnx", cache_dir=cache, jobs=1)
+    assert result.report["groups_compiled"] + result.report["groups_cached"] >= 1
+    feeds = light_inputs(path)
+    expected, actual = run_both(path, result.model_path, feeds)
+    assert_outputs_match(expected, actual, rtol=1e-3, atol=1e-5)
+    shipped = numpy_helper.to_array(onnx.load_tensor(str(path.with_name(f"{path.stem}_output_0.pb"))))
+    assert_outputs_match([shipped], actual[:1], rtol=1e-3, atol=1e-5)
+
+
+def _ort_can_run(model_dir: Path) -> bool:
+    try:
+        ort.InferenceSession(str(model_dir / "model.onnx"), quiet(), providers=["CPUExecutionProvider"])
+        return True
+    except Exception:
+        return False
+
+
+OPERATOR_DIRS = sorted(d for d in (BACKEND / "pytorch-operator").iterdir() if (d / "model.onnx").is_file())
+
+
+@pytest.mark.parametrize("model_dir", OPERATOR_DIRS, ids=lambda d: d.name)
+def test_pytorch_operator_model_reproduces_shipped_outputs(model_dir, tmp_path, cache):
+    if not _ort_can_run(model_dir):
+        pytest.skip("onnxruntime itself cannot run this model (opset-6 kernels it no longer has)")
+    result = optimize(model_dir / "model.onnx", tmp_path / "m.fused.onnx", cache_dir=cache, jobs=1)
+    assert result.report["groups_fallback"] == 0, result.report["groups"]
+    data = sorted(model_dir.glob("test_data_set_*"))[0]
+    inputs = [numpy_helper.to_array(onnx.load_tensor(str(p))) for p in sorted(data.glob("input_*.pb"))]
+    outputs = [numpy_helper.to_array(onnx.load_tensor(str(p))) for p in sorted(data.glob("output_*.pb"))]
+    session = onnxfuse.InferenceSession(str(result.model_path), quiet(), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    actual = session.run(None, dict(zip(names, inputs)))
+    assert_outputs_match(outputs, actual, rtol=1e-3, atol=1e-5)
