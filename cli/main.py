@@ -97,10 +97,16 @@ def inspect(model: str, max_depth: int, max_inputs: int, as_json: bool) -> None:
               help="Kernel cache (default: $ONNXFUSE_CACHE_DIR or ~/.cache/onnxfuse).")
 @click.option("--no-cache", is_flag=True, help="Compile every kernel afresh.")
 @click.option("--no-verify", is_flag=True, help="Skip checking each kernel against onnxruntime on random inputs.")
+@click.option("--select", type=click.Choice(["all", "measured"]), default="all", show_default=True,
+              help="measured: time each kernel against onnxruntime on its own group and keep the faster.")
+@click.option("--select-batch", "select_batches", default="1,64", show_default=True, metavar="N,N",
+              help="With --select measured: the batch sizes (symbolic dims) to time at; a kernel must win at all.")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --select measured: onnxruntime intra-op threads while timing.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the summary.")
 @_clean_errors
 def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, jobs, report_path, cache_dir, no_cache,
-             no_verify, quiet) -> None:
+             no_verify, select, select_batches, threads, quiet) -> None:
     """Fuse MODEL, compile each group into one kernel, and write the fused model + its library."""
     from onnxfuse.optimize import Progress
     from onnxfuse.optimize import optimize as run_optimize
@@ -108,6 +114,7 @@ def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, jobs, re
     result = run_optimize(
         model, output, target=target, mcpu=mcpu, mattr=mattr, max_depth=max_depth, max_inputs=max_inputs,
         jobs=jobs, cache_dir=False if no_cache else (cache_dir or True), verify=not no_verify,
+        select=select, select_batches=_batches(select_batches), threads=threads,
         progress=Progress(enabled=not quiet),
     )
     report = result.report
@@ -127,6 +134,16 @@ def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, jobs, re
     for g in report["groups"]:
         if g["status"] == "fallback":
             click.echo(f"  fallback {g['name']} ({g['size']} ops): {g['reason']}")
+
+
+def _batches(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise click.BadParameter(f"{text!r} is not a list of positive sizes like 1,64", param_hint="--select-batch")
+    return values
 
 
 @main.command()

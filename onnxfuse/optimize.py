@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 
 from .cache import KernelCache, default_cache_dir, group_key, kernel_name
-from .errors import CompileError, OnnxfuseError
+from .errors import CompileError, OnnxfuseError, UsageError
 from .extract import extract_group
 from .fusion.partition import FusionOptions
 from .fusion.plan import FusedGroup, FusionPlan, plan_fusion
@@ -102,13 +102,21 @@ def optimize(
     jobs: int | None = None,
     cache_dir: str | os.PathLike | None | bool = True,
     verify: bool = True,
+    select: str = "all",
+    select_batches: tuple[int, ...] = (1, 64),
+    threads: int = 1,
     progress=None,
 ) -> OptimizeResult:
     """Fuse and compile `model`; returns the written paths, the plan and each group's outcome.
 
     cache_dir: a directory, True for the default (~/.cache/onnxfuse or $ONNXFUSE_CACHE_DIR),
     or False/None to compile everything afresh.
+    select: "all" keeps every kernel that compiles and verifies; "measured" keeps a kernel only
+    if it is not slower than onnxruntime on the group's own nodes at each of `select_batches`
+    (symbolic dims) with `threads` intra-op threads.
     """
+    if select not in ("all", "measured"):
+        raise UsageError(f"unknown selection {select!r}; choose all or measured")
     started = time.perf_counter()
     tgt = resolve_target(target, mcpu, mattr)
     tgt.require_toolchain()
@@ -119,8 +127,13 @@ def optimize(
     cache = KernelCache(default_cache_dir() if cache_dir is True else (Path(cache_dir) if cache_dir else None))
     progress = progress or Progress(enabled=False)
 
+    if select == "measured" and tgt.name == "aarch64":
+        raise UsageError("--select measured needs kernels this machine can run; not with --target aarch64")
+
     with tempfile.TemporaryDirectory(prefix="onnxfuse-build-") as build_dir:
         outcomes = _compile_groups(graph, plan, tgt, cache, Path(build_dir), jobs, verify, progress)
+        if select == "measured":
+            _select_measured(graph, outcomes, tgt, Path(build_dir), select_batches, threads, progress)
         fused = [(o.group, o.kernel) for o in outcomes if o.kernel is not None]
         out_path.parent.mkdir(parents=True, exist_ok=True)
         library = library_path_for(out_path) if fused else None
@@ -169,6 +182,28 @@ def _compile_groups(graph, plan, tgt: Target, cache: KernelCache, build_dir: Pat
         progress.step(waiting[key][0], kernel is not None, seconds, reason)
     progress.finish()
     return [outcomes[g.name] for g in plan.groups]
+
+
+def _select_measured(graph, outcomes: list[GroupOutcome], tgt: Target, build_dir: Path, batches, threads, progress) -> None:
+    """Time every kernel against onnxruntime on its group; drop the ones that are slower."""
+    from .select import kernel_is_faster, measure_group
+
+    compiled = [o for o in outcomes if o.kernel is not None]
+    if not compiled:
+        return
+    library = _build_library([o.kernel for o in compiled], build_dir / "measure.so", tgt)
+    for outcome in compiled:
+        measurements = measure_group(outcome.group, outcome.kernel, extract_group(graph, outcome.group), library,
+                                     batches, threads)
+        outcome.info = {**outcome.info, "measured": [m.to_json() for m in measurements]}
+        if not kernel_is_faster(measurements):
+            slowest = max(measurements, key=lambda m: m.kernel_us / m.onnxruntime_us)
+            outcome.status, outcome.kernel = "fallback", None
+            outcome.reason = (f"measured: onnxruntime is faster ({slowest.onnxruntime_us:.1f} µs vs "
+                              f"{slowest.kernel_us:.1f} µs at batch {slowest.batch})")
+        progress.note(f"{outcome.group.name}: " + ", ".join(
+            f"batch {m.batch}: kernel {m.kernel_us:.1f} µs vs onnxruntime {m.onnxruntime_us:.1f} µs" for m in measurements)
+            + ("" if outcome.kernel else " → onnxruntime kept"))
 
 
 def _run_compiles(pending: dict, tgt: Target, build_dir: Path, jobs: int | None, verify: bool):
@@ -287,7 +322,7 @@ def _build_library(kernels: list[GroupKernel], library: Path, tgt: Target) -> Pa
     unique: dict[str, KernelSpec] = {}
     for k in kernels:
         unique.setdefault(k.spec.name, k.spec)
-    staged = library.with_name(f".{library.name}.{os.getpid()}.tmp")
+    staged = library.with_name(f".{library.name}.{os.getpid()}.tmp")  # renamed into place by the caller
     try:
         build_library(list(unique.values()), staged, target=tgt)
     except BaseException:
@@ -352,6 +387,10 @@ class Progress:
         else:
             self._line(f"onnxfuse: [{self.done}/{self.total}] {group.name} {len(group.node_indices)} ops {what} {seconds:.2f}s",
                        final=True)
+
+    def note(self, text: str) -> None:
+        if self.enabled:
+            self._line(f"onnxfuse: {text}", final=True)
 
     def finish(self) -> None:
         if self.tty and self.total:

@@ -43,17 +43,9 @@ def package_model(
     for index, proto in enumerate(original.graph.node):
         if index in first_member:
             group, kernel = first_member[index]
-            inputs = []
-            for source in kernel.arg_sources:
-                if source in kernel.extra_weights:
-                    name = f"{group.name}__{source}"
-                    extra_inits.append(numpy_helper.from_array(kernel.extra_weights[source], name))
-                    inputs.append(name)
-                else:
-                    inputs.append(source)
-            nodes.append((index, helper.make_node(
-                kernel.spec.name, inputs, list(group.outputs), name=f"onnxfuse_{group.name}", domain=DOMAIN,
-            )))
+            node, weights = custom_op_node(group, kernel)
+            nodes.append((index, node))
+            extra_inits.extend(weights)
         elif index not in replaced:
             nodes.append((index, proto))
 
@@ -68,6 +60,20 @@ def package_model(
         model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
     _set_metadata(model, {LIBRARY_KEY: library_name, "onnxfuse.version": __version__, "onnxfuse.target": target_name})
     return model
+
+
+def custom_op_node(group: FusedGroup, kernel: GroupKernel) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
+    """The node that runs `kernel` in place of `group`, and the lifted constants it reads."""
+    inputs, weights = [], []
+    for source in kernel.arg_sources:
+        if source in kernel.extra_weights:
+            name = f"{group.name}__{source}"
+            weights.append(numpy_helper.from_array(kernel.extra_weights[source], name))
+            inputs.append(name)
+        else:
+            inputs.append(source)
+    node = helper.make_node(kernel.spec.name, inputs, list(group.outputs), name=f"onnxfuse_{group.name}", domain=DOMAIN)
+    return node, weights
 
 
 def _topological(nodes: list[tuple[int, onnx.NodeProto]]) -> list[onnx.NodeProto]:

@@ -1,0 +1,104 @@
+"""`--select measured`: keep a group's kernel only where it is not slower than onnxruntime.
+
+For each compiled group we time, inside onnxruntime and in alternating rounds, a model holding
+just the custom node against the group's original nodes (with onnxruntime's own graph
+optimizations on). The kernel is kept only if it is at least as fast at every measured batch
+size, which makes "never slower than onnxruntime" true group by group, by construction.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from onnx import helper
+
+from .fusion.plan import FusedGroup
+from .kernel_spec import DOMAIN, DOMAIN_VERSION
+from .package import GroupKernel, custom_op_node
+
+ROUNDS = 15
+ROUND_SECONDS = 0.004  # each contender runs about this long per round
+
+
+@dataclass(frozen=True)
+class Measurement:
+    batch: int  # the value given to every symbolic dimension
+    kernel_us: float
+    onnxruntime_us: float
+
+    def to_json(self) -> dict:
+        return {"batch": self.batch, "kernel_us": round(self.kernel_us, 2), "onnxruntime_us": round(self.onnxruntime_us, 2)}
+
+
+def kernel_model(group: FusedGroup, kernel: GroupKernel, group_model: onnx.ModelProto) -> onnx.ModelProto:
+    """The group's own model with its nodes replaced by the one custom node."""
+    node, extra = custom_op_node(group, kernel)
+    used = set(node.input)
+    g = group_model.graph
+    inits = [t for t in g.initializer if t.name in used] + extra
+    graph = helper.make_graph([node], f"{group.name}_kernel", list(g.input), list(g.output), inits)
+    opsets = list(group_model.opset_import) + [helper.make_opsetid(DOMAIN, DOMAIN_VERSION)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=group_model.ir_version)
+
+
+def measure_group(
+    group: FusedGroup,
+    kernel: GroupKernel,
+    group_model: onnx.ModelProto,
+    library: Path,
+    batches: tuple[int, ...] = (1, 64),
+    threads: int = 1,
+) -> list[Measurement]:
+    import onnxruntime as ort
+
+    from .feeds import random_feeds_for_session
+
+    def options(with_library: bool):
+        o = ort.SessionOptions()
+        o.intra_op_num_threads = threads
+        o.log_severity_level = 3
+        if with_library:
+            o.register_custom_ops_library(str(library))
+        return o
+
+    fused = ort.InferenceSession(kernel_model(group, kernel, group_model).SerializeToString(), options(True),
+                                 providers=["CPUExecutionProvider"])
+    original = ort.InferenceSession(group_model.SerializeToString(), options(False), providers=["CPUExecutionProvider"])
+    symbolic = any(isinstance(d, str) or d is None for i in original.get_inputs() for d in i.shape)
+    results = []
+    for batch in (batches if symbolic else batches[:1]):
+        feeds = random_feeds_for_session(original, default_dim=batch, seed=batch)
+        kernel_s, ort_s = alternate_medians([lambda: fused.run(None, feeds), lambda: original.run(None, feeds)])
+        results.append(Measurement(batch, kernel_s * 1e6, ort_s * 1e6))
+    return results
+
+
+def alternate_medians(contenders, rounds: int = ROUNDS, round_seconds: float = ROUND_SECONDS) -> list[float]:
+    """Median seconds per call of each contender, timed in alternating rounds.
+
+    Alternating matters: thread pools spin after a call and caches stay warm for whoever runs
+    next, so timing one contender after the other biases the comparison.
+    """
+    reps = []
+    for run in contenders:  # warm up and size each round
+        run()
+        start = time.perf_counter()
+        run()
+        once = max(time.perf_counter() - start, 1e-7)
+        reps.append(max(1, min(1000, int(round_seconds / once))))
+    samples: list[list[float]] = [[] for _ in contenders]
+    for _ in range(rounds):
+        for k, run in enumerate(contenders):
+            start = time.perf_counter()
+            for _ in range(reps[k]):
+                run()
+            samples[k].append((time.perf_counter() - start) / reps[k])
+    return [statistics.median(s) for s in samples]
+
+
+def kernel_is_faster(measurements: list[Measurement]) -> bool:
+    return all(m.kernel_us <= m.onnxruntime_us for m in measurements)

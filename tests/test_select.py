@@ -1,0 +1,43 @@
+"""`--select measured`: the decision rule and its bookkeeping (no timing assertions)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+import onnxfuse
+from onnxfuse.optimize import optimize
+from onnxfuse.select import Measurement, alternate_medians, kernel_is_faster
+from test_optimize import MODELS, assert_outputs_match, random_inputs
+
+
+def test_a_kernel_must_win_at_every_batch():
+    assert kernel_is_faster([Measurement(1, 5.0, 6.0), Measurement(64, 50.0, 50.0)])
+    assert not kernel_is_faster([Measurement(1, 5.0, 6.0), Measurement(64, 51.0, 50.0)])
+
+
+def test_contenders_run_in_alternating_rounds():
+    calls = []
+    medians = alternate_medians([lambda: calls.append("a"), lambda: calls.append("b")], rounds=3, round_seconds=0.0)
+    assert len(medians) == 2 and all(m >= 0 for m in medians)
+    timed = calls[4:]  # after two warm-up calls each
+    assert timed == ["a", "b"] * 3
+
+
+def test_measured_selection_records_both_times_and_keeps_results_correct(tmp_path):
+    source = MODELS / "transformer_mlp.onnx"
+    result = optimize(source, tmp_path / "t.fused.onnx", cache_dir=tmp_path / "cache", jobs=1,
+                      select="measured", select_batches=(1, 4))
+    for group in result.report["groups"]:
+        measured = group["measured"]
+        assert [m["batch"] for m in measured] == [1, 4]
+        kept = group["status"] in ("compiled", "cached")
+        assert kept == all(m["kernel_us"] <= m["onnxruntime_us"] for m in measured)
+        if not kept:
+            assert group["reason"].startswith("measured: onnxruntime is faster")
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    feeds = random_inputs(source, 3)
+    expected = ort.InferenceSession(str(source), options).run(None, feeds)
+    actual = onnxfuse.InferenceSession(str(result.model_path), options).run(None, feeds)
+    assert_outputs_match(expected, actual)
