@@ -21,8 +21,10 @@ def format_plan(model_name: str, plan: FusionPlan) -> str:
         f"(max depth {plan.options.max_depth}, max inputs {plan.options.max_inputs})"
     ]
     for g in plan.groups:
+        reuse = (f"; {len(g.reuse)} values read by several ops (up to {max(g.reuse.values())}×), each computed once"
+                 if g.reuse else "")
         lines.append(f"  {g.name}: {len(g.node_indices)} ops [{_ops_summary(g.op_types)}] "
-                     f"nodes {_ranges(g.node_indices)} → {', '.join(g.outputs)}")
+                     f"nodes {_ranges(g.node_indices)} → {', '.join(g.outputs)}{reuse}")
     if plan.unfused:
         lines.append("  unfused:")
         for u in plan.unfused:

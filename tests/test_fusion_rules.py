@@ -280,3 +280,19 @@ def test_tree_chain_fuses_into_one_long_group(path):
     group = plan.groups[0]
     assert group.op_types.count("Gather") + group.op_types.count("GatherElements") == gathers
     assert "ReduceMean" in group.op_types
+
+
+def test_reuse_inside_a_group_is_reported():
+    m = model(
+        [node("Relu", ["x"], "r"), node("Sigmoid", ["r"], "s"), node("Tanh", ["r"], "t"), node("Add", ["s", "t"], "y")],
+        X, {"y": (4, 8)},
+    )
+    (group,) = plan_fusion(load_model(m)).groups
+    assert group.reuse == {"r": 2}
+
+
+@pytest.mark.parametrize("depth", [3, 8])
+def test_tree_level_index_is_read_four_times_per_level(depth):
+    (group,) = plan_fusion(load_model(f"models/tree_trav_d{depth}.onnx")).groups
+    assert group.to_json()["max_reuse"] == 4
+    assert sum(1 for n in group.reuse.values() if n == 4) == depth

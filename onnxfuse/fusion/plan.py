@@ -24,6 +24,10 @@ class FusedGroup:
     inputs: tuple[str, ...]  # values read from outside the group (weights included), first-use order
     outputs: tuple[str, ...]  # values used after the group or returned by the graph
     anchored: bool  # contains a MatMul/Conv-like op
+    reuse: dict[str, int] = field(default_factory=dict)
+    """Values produced inside the group and read by several of its nodes → how many readers.
+    Re-emitting such a producer into each reader is what blows up deep tree chains; the code
+    generator computes each of them once (bounded by its duplication limit)."""
 
     def to_json(self) -> dict:
         return {
@@ -33,6 +37,8 @@ class FusedGroup:
             "inputs": list(self.inputs),
             "outputs": list(self.outputs),
             "size": len(self.node_indices),
+            "reused_values": len(self.reuse),
+            "max_reuse": max(self.reuse.values(), default=0),
         }
 
 
@@ -96,11 +102,23 @@ def plan_fusion(graph: Graph, options: FusionOptions | None = None) -> FusionPla
                 inputs=tuple(inputs),
                 outputs=tuple(outputs),
                 anchored=roots[positions[0]].anchored,
+                reuse=_reuse(graph, nodes),
             )
         )
     unfused.sort(key=lambda u: u.node_index)
     kinds = {fn.node.index: fn.kind for fn in fg.nodes}
     return FusionPlan(groups, unfused, options, len(graph.nodes), kinds)
+
+
+def _reuse(graph: Graph, nodes) -> dict[str, int]:
+    members = {n.index for n in nodes}
+    counts = {}
+    for n in nodes:
+        for name in n.outputs:
+            readers = [c for c in graph.value(name).consumers if c in members] if name else []
+            if len(readers) > 1:
+                counts[name] = len(readers)
+    return counts
 
 
 def _boundary(graph: Graph, nodes) -> tuple[list[str], list[str]]:
