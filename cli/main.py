@@ -92,6 +92,8 @@ def inspect(model: str, max_depth: int, max_inputs: int, as_json: bool) -> None:
 @click.option("--mattr", help="Comma-separated LLVM CPU features, e.g. +neon,+dotprod.")
 @with_fusion_options
 @click.option("-j", "--jobs", type=click.IntRange(min=1), help="Groups compiled in parallel (default: CPU count).")
+@click.option("--compile-timeout", type=click.FloatRange(min=1), default=600, show_default=True, metavar="SECONDS",
+              help="A group still compiling after this long falls back to onnxruntime.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write what was fused, compiled and why not as JSON.")
 @click.option("--cache-dir", type=click.Path(file_okay=False),
               help="Kernel cache (default: $ONNXFUSE_CACHE_DIR or ~/.cache/onnxfuse).")
@@ -105,8 +107,8 @@ def inspect(model: str, max_depth: int, max_inputs: int, as_json: bool) -> None:
               help="With --select measured: onnxruntime intra-op threads while timing.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the summary.")
 @_clean_errors
-def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, jobs, report_path, cache_dir, no_cache,
-             no_verify, select, select_batches, threads, quiet) -> None:
+def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, jobs, compile_timeout, report_path, cache_dir,
+             no_cache, no_verify, select, select_batches, threads, quiet) -> None:
     """Fuse MODEL, compile each group into one kernel, and write the fused model + its library."""
     from onnxfuse.optimize import Progress
     from onnxfuse.optimize import optimize as run_optimize
@@ -114,7 +116,7 @@ def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, jobs, re
     result = run_optimize(
         model, output, target=target, mcpu=mcpu, mattr=mattr, max_depth=max_depth, max_inputs=max_inputs,
         jobs=jobs, cache_dir=False if no_cache else (cache_dir or True), verify=not no_verify,
-        select=select, select_batches=_batches(select_batches), threads=threads,
+        select=select, select_batches=_batches(select_batches), threads=threads, compile_timeout=compile_timeout,
         progress=Progress(enabled=not quiet),
     )
     report = result.report

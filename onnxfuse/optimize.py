@@ -14,9 +14,7 @@ import os
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +29,7 @@ from .kernel_spec import KernelSpec
 from .loader import load_model
 from .package import GroupKernel, package_model
 from .target import Target, resolve_target
+from .workers import run_with_deadline
 
 GROUP_RTOL, GROUP_ATOL = 1e-3, 1e-4
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # bytes; protobuf cannot hold 2 GB
@@ -105,6 +104,7 @@ def optimize(
     select: str = "all",
     select_batches: tuple[int, ...] = (1, 64),
     threads: int = 1,
+    compile_timeout: float | None = None,
     progress=None,
 ) -> OptimizeResult:
     """Fuse and compile `model`; returns the written paths, the plan and each group's outcome.
@@ -114,6 +114,7 @@ def optimize(
     select: "all" keeps every kernel that compiles and verifies; "measured" keeps a kernel only
     if it is not slower than onnxruntime on the group's own nodes at each of `select_batches`
     (symbolic dims) with `threads` intra-op threads.
+    compile_timeout: seconds one group may take to compile and verify before it falls back.
     """
     if select not in ("all", "measured"):
         raise UsageError(f"unknown selection {select!r}; choose all or measured")
@@ -131,7 +132,7 @@ def optimize(
         raise UsageError("--select measured needs kernels this machine can run; not with --target aarch64")
 
     with tempfile.TemporaryDirectory(prefix="onnxfuse-build-") as build_dir:
-        outcomes = _compile_groups(graph, plan, tgt, cache, Path(build_dir), jobs, verify, progress)
+        outcomes = _compile_groups(graph, plan, tgt, cache, Path(build_dir), jobs, verify, compile_timeout, progress)
         if select == "measured":
             _select_measured(graph, outcomes, tgt, Path(build_dir), select_batches, threads, progress)
         fused = [(o.group, o.kernel) for o in outcomes if o.kernel is not None]
@@ -150,7 +151,8 @@ def optimize(
 
 # -- compiling every group ----------------------------------------------------------------------
 
-def _compile_groups(graph, plan, tgt: Target, cache: KernelCache, build_dir: Path, jobs, verify, progress) -> list[GroupOutcome]:
+def _compile_groups(graph, plan, tgt: Target, cache: KernelCache, build_dir: Path, jobs, verify, timeout,
+                    progress) -> list[GroupOutcome]:
     outcomes: dict[str, GroupOutcome] = {}
     pending: dict[str, tuple[bytes, str]] = {}  # key → (group model, kernel name)
     waiting: dict[str, list[FusedGroup]] = {}
@@ -169,7 +171,7 @@ def _compile_groups(graph, plan, tgt: Target, cache: KernelCache, build_dir: Pat
         waiting.setdefault(key, []).append(group)
 
     progress.start(len(pending), sum(o.status == "cached" for o in outcomes.values()))
-    for key, result in _run_compiles(pending, tgt, build_dir, jobs, verify):
+    for key, result in _run_compiles(pending, tgt, build_dir, jobs, verify, timeout):
         kernel, info, reason, seconds = result
         if kernel is not None:
             try:
@@ -206,24 +208,20 @@ def _select_measured(graph, outcomes: list[GroupOutcome], tgt: Target, build_dir
             + ("" if outcome.kernel else " → onnxruntime kept"))
 
 
-def _run_compiles(pending: dict, tgt: Target, build_dir: Path, jobs: int | None, verify: bool):
-    """Yield (key, (kernel, info, reason, seconds)) as compiles finish, in parallel when asked."""
+def _run_compiles(pending: dict, tgt: Target, build_dir: Path, jobs: int | None, verify: bool, timeout: float | None):
+    """Yield (key, (kernel, info, reason, seconds)) as compiles finish.
+
+    In worker processes when running in parallel or under a deadline; in this process only for
+    jobs=1 without a deadline (the cheapest way for tests and small models).
+    """
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(pending)))
     target_args = (tgt.name, tgt.mcpu, ",".join(tgt.mattr) or None)
-    if jobs == 1:
-        for key, (model_bytes, name) in pending.items():
-            yield key, compile_one(model_bytes, name, target_args, str(build_dir), verify)
+    tasks = {key: (model_bytes, name, target_args, str(build_dir), verify) for key, (model_bytes, name) in pending.items()}
+    if jobs == 1 and timeout is None:
+        for key, args in tasks.items():
+            yield key, compile_one(*args)
         return
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        futures = {
-            pool.submit(compile_one, model_bytes, name, target_args, str(build_dir), verify): key
-            for key, (model_bytes, name) in pending.items()
-        }
-        for future in as_completed(futures):
-            try:
-                yield futures[future], future.result()
-            except Exception as exc:  # a worker that died (e.g. LLVM crashed) is one group's fallback
-                yield futures[future], (None, {}, f"compile worker failed: {exc}", 0.0)
+    yield from run_with_deadline(compile_one, tasks, jobs, timeout, lambda reason: (None, {}, reason, 0.0))
 
 
 def compile_one(model_bytes: bytes, name: str, target_args: tuple, build_dir: str, verify: bool):
