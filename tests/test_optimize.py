@@ -254,3 +254,32 @@ def test_pytorch_operator_model_reproduces_shipped_outputs(model_dir, tmp_path, 
     names = [i.name for i in session.get_inputs()]
     actual = session.run(None, dict(zip(names, inputs)))
     assert_outputs_match(outputs, actual, rtol=1e-3, atol=1e-5)
+
+
+# -- external data (models over protobuf's 2 GB limit keep their weights in files) --------------
+
+def test_model_with_external_weights(tmp_path, cache):
+    m = onnx.load(str(MODELS / "lstm_cell.onnx"))
+    source = tmp_path / "ext" / "cell.onnx"
+    source.parent.mkdir()
+    onnx.save_model(m, str(source), save_as_external_data=True, location="cell.weights", size_threshold=1024)
+    assert (source.parent / "cell.weights").is_file()
+    result = optimize(source, tmp_path / "out" / "cell.fused.onnx", cache_dir=cache, jobs=1)
+    assert result.report["groups_fallback"] == 0
+    feeds = random_inputs(source, 3)
+    expected, actual = run_both(source, result.model_path, feeds)
+    assert_outputs_match(expected, actual)
+
+
+def test_large_output_is_written_with_external_data(tmp_path, cache, monkeypatch):
+    import onnxfuse.optimize as optimize_module
+
+    monkeypatch.setattr(optimize_module, "EXTERNAL_DATA_THRESHOLD", 10_000)  # stands in for 2 GB
+    source = MODELS / "lstm_cell.onnx"
+    result = optimize(source, tmp_path / "cell.fused.onnx", cache_dir=cache, jobs=1)
+    data_file = tmp_path / "cell.fused.onnx.data"
+    assert data_file.is_file() and data_file.stat().st_size > 10_000
+    assert result.model_path.stat().st_size < 10_000
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    expected, actual = run_both(source, result.model_path, random_inputs(source, 2))
+    assert_outputs_match(expected, actual)
