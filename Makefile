@@ -5,9 +5,14 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   ?= models/lstm_cell.onnx
 
-.PHONY: install test test-fast demo bench models clean
+.PHONY: install aarch64-deps test test-fast demo bench models clean
 
-install: $(STAMP)
+install: $(STAMP) aarch64-deps
+
+# --target aarch64 and its qemu test: cross gcc, qemu-user, arm64 libonnxruntime (npm) in .cache/aarch64/.
+# A no-op (no apt-get update, no npm) when all are present.
+aarch64-deps:
+	@scripts/install-aarch64.sh
 
 # System packages first (only what is missing), then the virtualenv with the project in it.
 $(STAMP): pyproject.toml
@@ -33,3 +38,11 @@ demo: install
 
 clean:
 	rm -rf out build *.egg-info .pytest_cache
+
+# Benchmarks (benchmarks/run.py): tables on stdout, JSON + markdown in benchmarks/results/.
+.PHONY: bench-trees
+bench: install
+	$(BIN)/python benchmarks/run.py models
+
+bench-trees: install
+	$(BIN)/python benchmarks/run.py trees

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass, field
 
@@ -52,5 +53,8 @@ def resolve_target(name: str = "native", mcpu: str | None = None, mattr: str | N
     if name == "x86_64":
         return Target("x86_64", "x86_64-linux-gnu", "gcc", mcpu or "x86-64-v2", extra)
     if name == "aarch64":
-        return Target("aarch64", "aarch64-linux-gnu", "aarch64-linux-gnu-gcc", mcpu or "generic", extra or ("+neon",))
+        # The cross linker is Debian's gcc-aarch64-linux-gnu unless ONNXFUSE_AARCH64_CC names another
+        # (a compiler name on PATH or a path), e.g. a vendor toolchain; the tests use it to fake a missing one.
+        cc = os.environ.get("ONNXFUSE_AARCH64_CC") or "aarch64-linux-gnu-gcc"
+        return Target("aarch64", "aarch64-linux-gnu", cc, mcpu or "generic", extra or ("+neon",))
     raise UsageError(f"unknown target {name!r}; choose one of {', '.join(TARGET_NAMES)}")

@@ -1,0 +1,116 @@
+"""aarch64 end to end on this x86-64 machine: cross-compile with `--target aarch64`, then run the
+fused model with the arm64 onnxruntime under qemu-user (tests/aarch64/harness.py) and compare
+with onnxruntime on x86 running the ORIGINAL model.
+
+Needs what `make install` installs (scripts/install-aarch64.sh): gcc-aarch64-linux-gnu,
+qemu-user and the arm64 libonnxruntime from npm's onnxruntime-node in .cache/aarch64/. Where one
+is missing the end-to-end tests skip and say which; the missing-toolchain error test always runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from onnxfuse.errors import UsageError
+from onnxfuse.feeds import random_feeds_for_session
+from onnxfuse.kernel_spec import DOMAIN
+from onnxfuse.target import resolve_target
+from onnxfuse.verify import compare_arrays, quiet_session_options
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "aarch64"))
+import harness  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS = REPO / "models"
+# The installed console script (as users run it); `python -m onnxfuse_cli.main` would import main twice.
+_SCRIPT = Path(sys.executable).parent / "onnxfuse"
+CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-c", "from onnxfuse_cli.main import main; main()"]
+RTOL, ATOL = 1e-4, 1e-5
+MISSING = harness.missing_pieces()
+needs_harness = pytest.mark.skipif(
+    bool(MISSING), reason="aarch64 harness not installed (run `make install`); missing: " + "; ".join(MISSING))
+
+# model, extra optimize flags (the CPU tuning variants the issue names), batch sizes to run
+CASES = [
+    ("lstm_cell", ["--mcpu", "cortex-a72", "--mattr", "+neon,+crc"], (1, 37)),
+    ("tree_trav_d8", [], (1, 37)),
+    ("transformer_mlp", ["--mcpu", "neoverse-n1"], (1, 5)),
+]
+
+
+def optimize_cli(model: Path, out: Path, *flags: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLI, "optimize", str(model), "-o", str(out), "--target", "aarch64", "-q", *flags],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=600,
+    )
+
+
+# ---- the toolchain error -------------------------------------------------------------------
+def test_missing_cross_compiler_is_one_line_and_exit_2(tmp_path):
+    env = {**os.environ, "ONNXFUSE_AARCH64_CC": "onnxfuse-no-such-aarch64-gcc"}
+    out = tmp_path / "lstm.fused.onnx"
+    result = optimize_cli(MODELS / "lstm_cell.onnx", out, "--cache-dir", str(tmp_path / "cache"), env=env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "onnxfuse-no-such-aarch64-gcc" in lines[0] and "not installed" in lines[0], lines
+    assert not out.exists() and not list(tmp_path.glob("*.so"))
+
+
+def test_missing_cross_compiler_in_process(monkeypatch):
+    monkeypatch.setenv("ONNXFUSE_AARCH64_CC", "onnxfuse-no-such-aarch64-gcc")
+    target = resolve_target("aarch64", "neoverse-n1", "+neon")
+    assert target.cc == "onnxfuse-no-such-aarch64-gcc"
+    with pytest.raises(UsageError, match="not installed"):
+        target.require_toolchain()
+
+
+# ---- end to end under qemu -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    if MISSING:
+        pytest.skip("aarch64 harness not installed (run `make install`); missing: " + "; ".join(MISSING))
+    return harness.Aarch64Runner(tmp_path_factory.mktemp("aarch64-host"), threads=2)
+
+
+@needs_harness
+@pytest.mark.parametrize("name,flags,batches", CASES, ids=[c[0] for c in CASES])
+def test_fused_model_on_aarch64_matches_x86_original(runner, tmp_path, name, flags, batches):
+    original = MODELS / f"{name}.onnx"
+    fused = tmp_path / f"{name}.fused.onnx"
+    report = tmp_path / "report.json"
+    result = optimize_cli(original, fused, *flags, "--cache-dir", str(tmp_path / "cache"), "--report", str(report))
+    assert result.returncode == 0, result.stderr
+    library = fused.with_suffix(".so")
+    summary = json.loads(report.read_text())
+    assert summary["groups_fallback"] == 0, [g.get("reason") for g in summary["groups"]]
+    assert summary["library"] and Path(summary["library"]).name == library.name
+    assert any(n.domain == DOMAIN for n in onnx.load(str(fused)).graph.node)
+
+    # The library is an aarch64 shared object that needs no TVM library.
+    described = subprocess.run(["file", "-L", str(library)], capture_output=True, text=True, check=True).stdout
+    assert "ARM aarch64" in described, described
+    dynamic = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True, check=True).stdout
+    needed = [line for line in dynamic.splitlines() if "(NEEDED)" in line]
+    assert needed and not any("tvm" in line.lower() for line in needed), needed
+
+    reference = ort.InferenceSession(str(original), quiet_session_options(), providers=["CPUExecutionProvider"])
+    output_names = [o.name for o in reference.get_outputs()]
+    for seed, batch in enumerate(batches):
+        feeds = random_feeds_for_session(reference, default_dim=batch, seed=seed)
+        expected = reference.run(None, feeds)
+        actual = runner.run(fused, feeds, output_names, library=library)
+        for out_name, e, a in zip(output_names, expected, actual):
+            e = np.asarray(e)
+            cmp = compare_arrays(out_name, e, a, RTOL, ATOL)
+            assert cmp.ok, (f"{name} batch {batch}: {out_name} differs on aarch64: shape {a.shape} vs {e.shape}, "
+                            f"dtype {a.dtype} vs {e.dtype}, max abs error {cmp.max_abs_error:.3g}")
