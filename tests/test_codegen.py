@@ -324,3 +324,100 @@ def test_unsupported_op_raises_compile_error(tmp_path, target):
 def test_bad_name_raises_compile_error(tmp_path, target):
     with pytest.raises(CompileError):
         compile_group(lstm_gate_model(), "not an identifier", target, tmp_path)
+
+
+def lstm_cell_model(hidden=16, k=24):
+    """Two MatMuls, gate math, and an output (C_out) that another output (H_out) also reads."""
+    rng = np.random.default_rng(7)
+    inits = {
+        "W": (rng.standard_normal((k, 4 * hidden)) * 0.3).astype(np.float32),
+        "R": (rng.standard_normal((hidden, 4 * hidden)) * 0.3).astype(np.float32),
+        "b": (rng.standard_normal(4 * hidden) * 0.1).astype(np.float32),
+    }
+    nodes = [
+        h.make_node("MatMul", ["x", "W"], ["xw"]),
+        h.make_node("MatMul", ["h", "R"], ["hr"]),
+        h.make_node("Add", ["xw", "hr"], ["s"]),
+        h.make_node("Add", ["s", "b"], ["g"]),
+        h.make_node("Split", ["g"], ["gi", "gf", "gg", "go"], axis=1, num_outputs=4),
+        h.make_node("Sigmoid", ["gi"], ["i"]),
+        h.make_node("Sigmoid", ["gf"], ["f"]),
+        h.make_node("Tanh", ["gg"], ["cand"]),
+        h.make_node("Sigmoid", ["go"], ["o"]),
+        h.make_node("Mul", ["f", "c"], ["keep"]),
+        h.make_node("Mul", ["i", "cand"], ["write"]),
+        h.make_node("Add", ["keep", "write"], ["c_out"]),
+        h.make_node("Tanh", ["c_out"], ["tc"]),
+        h.make_node("Mul", ["o", "tc"], ["h_out"]),
+    ]
+    return make_model(
+        nodes,
+        [f32("x", ["N", k]), f32("h", ["N", hidden]), f32("c", ["N", hidden])],
+        [f32("h_out", ["N", hidden]), f32("c_out", ["N", hidden])],
+        inits,
+        opset=18,
+    )
+
+
+def test_lstm_cell_register_tiled_and_fully_tiled(tmp_path, target):
+    """Both MatMuls get the register-tiled micro-kernel, and every block moves under the row
+    tile even though the output C_out is also read by H_out (batches cover full tiles, a ragged
+    tail and a tail-only batch)."""
+    model = lstm_cell_model()
+    cg = compile_and_check(model, tmp_path, target, name="lstm_cell", batches=(1, 8, 13, 64))
+    assert cg.stats["reductions_scheduled"] == 2
+    assert not [s for s in cg.stats["skipped_steps"] if "compute_at" in s], cg.stats["skipped_steps"]
+
+
+def test_static_batch_gemm_epilogue(tmp_path, target):
+    rng = np.random.default_rng(8)
+    nodes = [
+        h.make_node("MatMul", ["x", "W"], ["m"]),
+        h.make_node("Sigmoid", ["m"], ["y"]),
+    ]
+    model = make_model(nodes, [f32("x", [70, 32])], [f32("y", [70, 48])], {"W": rng.standard_normal((32, 48)).astype(np.float32)})
+    compile_and_check(model, tmp_path, target)
+
+
+@pytest.mark.parametrize("max_duplication", [1, 2])
+def test_duplication_guard_keeps_shared_values_materialised(tmp_path, target, max_duplication):
+    """A value read by 3 consumers is computed once (its block stays) under a guard below 3, and
+    inlined (its block disappears) at 3; results match onnxruntime either way."""
+    nodes = [
+        h.make_node("Mul", ["x", "x"], ["shared"]),
+        h.make_node("Add", ["shared", "one"], ["a"]),
+        h.make_node("Sub", ["shared", "two"], ["b"]),
+        h.make_node("Mul", ["shared", "a"], ["c"]),  # a is read once: inlined at any setting
+        h.make_node("Add", ["b", "c"], ["y"]),
+    ]
+    scalars = {"one": np.array(1.0, np.float32), "two": np.array(2.0, np.float32)}
+    model = make_model(nodes, [f32("x", ["N", 32])], [f32("y", ["N", 32])], scalars)
+    guarded = compile_group(model, f"dup{max_duplication}", target, tmp_path, max_duplication=max_duplication)
+    inlined = compile_group(model, f"dup{max_duplication}_all", target, tmp_path, max_duplication=3)
+    for cg in (guarded, inlined):
+        check_against_ort(cg, model, random_feeds(model, 9))
+    assert guarded.stats["max_copies"] <= max_duplication
+    assert guarded.stats["materialized"] == inlined.stats["materialized"] + 1
+    assert inlined.stats["max_copies"] == 3
+    assert guarded.stats["max_duplication"] == max_duplication
+
+
+def test_duplication_guard_bounds_tree_chain_growth(tmp_path, target):
+    """With the guard, every inlined expression is emitted at most max_duplication times and the
+    number of materialised blocks grows linearly with depth (no timing assertion: the block
+    counts are what keeps compile time linear)."""
+    counts = {}
+    for depth in (2, 4, 8):
+        model, offsets = tree_chain_model(depth)
+        cg = compile_group(model, f"guard{depth}", target, tmp_path, max_duplication=1)
+        assert cg.stats["max_copies"] <= 1
+        counts[depth] = cg.stats["materialized"]
+        if depth == 4:
+            check_against_ort(cg, model, tree_feeds(37, 8, offsets))
+    per_level = (counts[8] - counts[4]) / 4
+    assert per_level == (counts[4] - counts[2]) / 2  # the same number of blocks per extra level
+
+
+def test_max_duplication_must_be_positive(tmp_path, target):
+    with pytest.raises(CompileError):
+        compile_group(lstm_gate_model(), "k", target, tmp_path, max_duplication=0)

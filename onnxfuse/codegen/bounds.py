@@ -59,7 +59,11 @@ def _guarded(block, conditions, what: str):
     condition = tirx.all(*conditions) if len(conditions) > 1 else conditions[0]
     # The Python signature says (kind, condition, ...) but TVM 0.27's FFI constructor takes
     # (condition, kind, ...) and the wrapper forwards positionally.
-    check = tirx.AssertStmt(condition, tvm.ir.StringImm(ERROR_KIND), message)
+    failed = tirx.AssertStmt(tirx.const(False, "bool"), tvm.ir.StringImm(ERROR_KIND), message)
+    # `if (!ok) assert(false)` rather than `assert(ok)`: inside a vectorized loop TVM's vectorizer
+    # turns an assert's condition into a vector of bools, which LLVM rejects as a branch
+    # condition; an `if` on a vector condition is scalarized lane by lane instead.
+    check = tirx.IfThenElse(tirx.Not(condition), failed, None)
     return s_tir.SBlock(
         block.iter_vars,
         block.reads,

@@ -63,7 +63,8 @@ class CompiledGroup:
         """The same schedule and index checks, with a serial tile loop, built for the host CPU (the
         object file may be for another target; see schedule_group for why serial)."""
         if self._host_kernel is None:
-            scheduled, _ = _schedule_or_plain(self._fused, allow_parallel=False)
+            max_duplication = self.stats.get("max_duplication", schedule.DEFAULT_MAX_DUPLICATION)
+            scheduled, _ = _schedule_or_plain(self._fused, allow_parallel=False, max_duplication=max_duplication)
             checked, _ = bounds.add_index_checks(scheduled, self.spec.name)
             func = checked.with_attr("global_symbol", self.spec.name)
             ex = build(func, self.spec.name, tvm.target.Target({"kind": "llvm"}))
@@ -113,16 +114,30 @@ def build_object(func, name: str, target: Target, out_dir: pathlib.Path) -> path
     return path
 
 
-def compile_group(model: onnx.ModelProto, name: str, target: Target, out_dir: pathlib.Path) -> CompiledGroup:
+def compile_group(
+    model: onnx.ModelProto,
+    name: str,
+    target: Target,
+    out_dir: pathlib.Path,
+    *,
+    max_duplication: int = schedule.DEFAULT_MAX_DUPLICATION,
+) -> CompiledGroup:
+    """Compiles one fused group into `out_dir/<name>.o`.
+
+    max_duplication: how many times the schedule may re-emit (inline) one producer's expression
+    before it materialises it instead (see schedule.inline_cheap_producers)."""
+    if max_duplication < 1:
+        raise CompileError(f"max_duplication: must be >= 1, got {max_duplication}")
     if not name.isidentifier():
         raise CompileError(f"name: {name!r} is not a C identifier")
     stats: dict = {}
     group = _stage("import", stats, lambda: relax_import.import_group(model, name))
-    scheduled, sched_stats = _stage("schedule", stats, lambda: _schedule_or_plain(group.prim_func))
+    scheduled, sched_stats = _stage("schedule", stats, lambda: _schedule_or_plain(group.prim_func, max_duplication=max_duplication))
     checked, n_checks = _stage("bounds", stats, lambda: bounds.add_index_checks(scheduled, name))
     func = checked.with_attr("global_symbol", name)
     obj = _stage("build", stats, lambda: build_object(func, name, target, pathlib.Path(out_dir)))
     stats.update(sched_stats.as_dict())
+    stats["max_duplication"] = max_duplication
     stats["index_checks"] = n_checks
     stats["fused_prim_funcs"] = 1  # import_group fails unless main calls exactly one PrimFunc
 
@@ -135,10 +150,10 @@ def compile_group(model: onnx.ModelProto, name: str, target: Target, out_dir: pa
     return CompiledGroup(spec, tuple(group.arg_sources), dict(group.extra_weights), stats, model, group.prim_func)
 
 
-def _schedule_or_plain(func, allow_parallel: bool = True):
+def _schedule_or_plain(func, allow_parallel: bool = True, max_duplication: int = schedule.DEFAULT_MAX_DUPLICATION):
     """The tuned schedule, or (if TVM rejects it as a whole) the unscheduled function."""
     try:
-        return schedule.schedule_group(func, allow_parallel)
+        return schedule.schedule_group(func, allow_parallel, max_duplication)
     except Exception as exc:  # a last-resort fallback: a valid kernel beats no kernel
         stats = schedule.ScheduleStats(skipped_steps=[f"whole schedule: {_short(exc)}"])
         return func, stats
