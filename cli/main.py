@@ -1,39 +1,14 @@
-"""The `onnxfuse` command line.
-
-Exit codes, for CI: 0 success; 1 the job ran but failed (e.g. `verify` found a mismatch);
-2 bad input or usage (unreadable model, unknown option, missing toolchain).
-"""
+"""The `onnxfuse` command line (exit codes: see cli/common.py)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 
 import click
 
-from onnxfuse.errors import OnnxfuseError
-
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-
-
-def _clean_errors(command):
-    """Turn our own errors into one line on stderr and an exit code; never a traceback."""
-
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        except OnnxfuseError as exc:
-            click.echo(f"onnxfuse: error: {exc}", err=True)
-            sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            click.echo("onnxfuse: interrupted", err=True)
-            sys.exit(130)
-
-    return wrapper
-
+from onnxfuse_cli.bench import bench
+from onnxfuse_cli.common import EXIT_FAILED, clean_errors, parse_sizes
 
 fusion_options = [
     click.option("--max-depth", type=click.IntRange(min=1), default=256, show_default=True,
@@ -58,6 +33,7 @@ def main() -> None:
     onnxfuse inspect model.onnx          show the fusion plan and why nodes stay unfused
     onnxfuse optimize model.onnx         write model.fused.onnx + model.fused.so
     onnxfuse verify model.onnx model.fused.onnx   compare both under onnxruntime
+    onnxfuse bench model.onnx            time onnxruntime, onnxfuse and TVM side by side
     """
 
 
@@ -65,7 +41,7 @@ def main() -> None:
 @click.argument("model", type=click.Path(dir_okay=False))
 @with_fusion_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
-@_clean_errors
+@clean_errors
 def inspect(model: str, max_depth: int, max_inputs: int, as_json: bool) -> None:
     """Show how MODEL would be fused: groups, their ops, and why other nodes stay unfused."""
     from onnxfuse.fusion.partition import FusionOptions
@@ -99,14 +75,16 @@ def inspect(model: str, max_depth: int, max_inputs: int, as_json: bool) -> None:
               help="Kernel cache (default: $ONNXFUSE_CACHE_DIR or ~/.cache/onnxfuse).")
 @click.option("--no-cache", is_flag=True, help="Compile every kernel afresh.")
 @click.option("--no-verify", is_flag=True, help="Skip checking each kernel against onnxruntime on random inputs.")
-@click.option("--select", type=click.Choice(["all", "measured"]), default="all", show_default=True,
-              help="measured: time each kernel against onnxruntime on its own group and keep the faster.")
+@click.option("--select", type=click.Choice(["auto", "all", "measured"]), default="auto", show_default=True,
+              help="Which compiled groups to use. auto: all but those onnxruntime still runs much faster "
+                   "(convolutions, pooling); all: every group; measured: time each kernel against onnxruntime "
+                   "on its own group and keep the faster (output then depends on the machine).")
 @click.option("--select-batch", "select_batches", default="1,64", show_default=True, metavar="N,N",
               help="With --select measured: the batch sizes (symbolic dims) to time at; a kernel must win at all.")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --select measured: onnxruntime intra-op threads while timing.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the summary.")
-@_clean_errors
+@clean_errors
 def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, jobs, compile_timeout, report_path, cache_dir,
              no_cache, no_verify, select, select_batches, threads, quiet) -> None:
     """Fuse MODEL, compile each group into one kernel, and write the fused model + its library."""
@@ -116,7 +94,7 @@ def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, jobs, co
     result = run_optimize(
         model, output, target=target, mcpu=mcpu, mattr=mattr, max_depth=max_depth, max_inputs=max_inputs,
         jobs=jobs, cache_dir=False if no_cache else (cache_dir or True), verify=not no_verify,
-        select=select, select_batches=_batches(select_batches), threads=threads, compile_timeout=compile_timeout,
+        select=select, select_batches=parse_sizes(select_batches, "--select-batch"), threads=threads, compile_timeout=compile_timeout,
         progress=Progress(enabled=not quiet),
     )
     report = result.report
@@ -138,16 +116,6 @@ def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, jobs, co
             click.echo(f"  fallback {g['name']} ({g['size']} ops): {g['reason']}")
 
 
-def _batches(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        values = ()
-    if not values or min(values) < 1:
-        raise click.BadParameter(f"{text!r} is not a list of positive sizes like 1,64", param_hint="--select-batch")
-    return values
-
-
 @main.command()
 @click.argument("original", type=click.Path(dir_okay=False))
 @click.argument("fused", type=click.Path(dir_okay=False))
@@ -159,7 +127,7 @@ def _batches(text: str) -> tuple[int, ...]:
               help="Random input sets (symbolic dims take 1, 3, 7, ...).")
 @click.option("--inputs", type=click.Path(dir_okay=False), help="An .npz of inputs to use instead of random ones.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=N", help="Value of a symbolic dimension, e.g. --dim N=8.")
-@_clean_errors
+@clean_errors
 def verify(original, fused, rtol, atol, norm_rtol, runs, inputs, dims) -> None:
     """Run ORIGINAL and FUSED under onnxruntime on the same inputs; exit 0 only if all outputs match."""
     from onnxfuse.verify import verify_models
@@ -180,6 +148,9 @@ def verify(original, fused, rtol, atol, norm_rtol, runs, inputs, dims) -> None:
     click.echo(f"{verdict}: {len(result.outputs)} outputs over {result.runs} runs; worst {worst.name} "
                f"(max abs error {worst.max_abs_error:.3g}, rtol {rtol}, atol {atol})")
     sys.exit(0 if result.ok else EXIT_FAILED)
+
+
+main.add_command(bench)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@ class OpInfo:
     epilogue_safe: bool = False
     """An injective op that only selects or reinterprets elements (Split, Slice, Reshape), so an
     anchor's elementwise epilogue may run through it: the basis of split fan-out fusion."""
+    competitive: bool = True
+    """False where onnxruntime's own kernel is still much faster than ours (measured: convolutions
+    and pooling, 10-50x). `--select auto` leaves groups with such ops to onnxruntime."""
 
 
 def _table() -> dict[str, OpInfo]:
@@ -70,11 +73,10 @@ def _table() -> dict[str, OpInfo]:
         t[op] = OpInfo(R, static_inputs=(1,))
     t["ArgMax"] = OpInfo(R)
     t["ArgMin"] = OpInfo(R)
-    for op in (
-        "MatMul Gemm Conv ConvTranspose MaxPool AveragePool GlobalAveragePool GlobalMaxPool "
-        "Softmax LogSoftmax LayerNormalization InstanceNormalization"
-    ).split():
+    for op in "MatMul Gemm Softmax LogSoftmax LayerNormalization InstanceNormalization".split():
         t[op] = OpInfo(O)
+    for op in "Conv ConvTranspose MaxPool AveragePool GlobalAveragePool GlobalMaxPool".split():
+        t[op] = OpInfo(O, competitive=False)
     return t
 
 
@@ -102,6 +104,11 @@ OPAQUE_REASONS: dict[str, str] = {
 COMPILABLE_DTYPES = frozenset(
     "float32 float64 float16 int8 int16 int32 int64 uint8 uint16 uint32 uint64 bool".split()
 )
+
+
+def uncompetitive_ops(op_types) -> list[str]:
+    """The ops among `op_types` whose onnxruntime kernel beats ours today (see OpInfo.competitive)."""
+    return sorted({op for op in op_types if (info := REGISTRY.get(op)) is not None and not info.competitive})
 
 
 def op_info(op_type: str, domain: str = "") -> OpInfo | None:

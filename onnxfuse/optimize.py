@@ -27,11 +27,13 @@ from .fusion.partition import FusionOptions
 from .fusion.plan import FusedGroup, FusionPlan, plan_fusion
 from .kernel_spec import KernelSpec
 from .loader import load_model
+from .ops import uncompetitive_ops
 from .package import GroupKernel, package_model
 from .target import Target, resolve_target
 from .workers import run_with_deadline
 
 GROUP_RTOL, GROUP_ATOL = 1e-3, 1e-4
+SELECTIONS = ("auto", "all", "measured")
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # bytes; protobuf cannot hold 2 GB
 
 
@@ -101,7 +103,7 @@ def optimize(
     jobs: int | None = None,
     cache_dir: str | os.PathLike | None | bool = True,
     verify: bool = True,
-    select: str = "all",
+    select: str = "auto",
     select_batches: tuple[int, ...] = (1, 64),
     threads: int = 1,
     compile_timeout: float | None = None,
@@ -111,13 +113,14 @@ def optimize(
 
     cache_dir: a directory, True for the default (~/.cache/onnxfuse or $ONNXFUSE_CACHE_DIR),
     or False/None to compile everything afresh.
-    select: "all" keeps every kernel that compiles and verifies; "measured" keeps a kernel only
-    if it is not slower than onnxruntime on the group's own nodes at each of `select_batches`
-    (symbolic dims) with `threads` intra-op threads.
+    select: "auto" (deterministic) compiles every group except those with an op onnxruntime still
+    runs much faster (convolutions, pooling: see OpInfo.competitive); "all" compiles every group;
+    "measured" keeps a kernel only if it is not slower than onnxruntime on the group's own nodes
+    at each of `select_batches` (symbolic dims) with `threads` intra-op threads.
     compile_timeout: seconds one group may take to compile and verify before it falls back.
     """
-    if select not in ("all", "measured"):
-        raise UsageError(f"unknown selection {select!r}; choose all or measured")
+    if select not in SELECTIONS:
+        raise UsageError(f"unknown selection {select!r}; choose one of {', '.join(SELECTIONS)}")
     started = time.perf_counter()
     tgt = resolve_target(target, mcpu, mattr)
     tgt.require_toolchain()
@@ -132,7 +135,8 @@ def optimize(
         raise UsageError("--select measured needs kernels this machine can run; not with --target aarch64")
 
     with tempfile.TemporaryDirectory(prefix="onnxfuse-build-") as build_dir:
-        outcomes = _compile_groups(graph, plan, tgt, cache, Path(build_dir), jobs, verify, compile_timeout, progress)
+        outcomes = _compile_groups(graph, plan, tgt, cache, Path(build_dir), jobs, verify, compile_timeout, progress,
+                                   skip_uncompetitive=select == "auto")
         if select == "measured":
             _select_measured(graph, outcomes, tgt, Path(build_dir), select_batches, threads, progress)
         fused = [(o.group, o.kernel) for o in outcomes if o.kernel is not None]
@@ -152,11 +156,17 @@ def optimize(
 # -- compiling every group ----------------------------------------------------------------------
 
 def _compile_groups(graph, plan, tgt: Target, cache: KernelCache, build_dir: Path, jobs, verify, timeout,
-                    progress) -> list[GroupOutcome]:
+                    progress, skip_uncompetitive: bool) -> list[GroupOutcome]:
     outcomes: dict[str, GroupOutcome] = {}
     pending: dict[str, tuple[bytes, str]] = {}  # key → (group model, kernel name)
     waiting: dict[str, list[FusedGroup]] = {}
     for group in plan.groups:
+        slow = uncompetitive_ops(group.op_types) if skip_uncompetitive else []
+        if slow:
+            outcomes[group.name] = GroupOutcome(group, "fallback", reason=(
+                f"auto: onnxruntime's {'/'.join(slow)} is faster than our kernel today "
+                f"(--select all compiles it, --select measured times it)"))
+            continue
         try:
             group_model = extract_group(graph, group)
         except CompileError as exc:

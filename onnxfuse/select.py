@@ -72,17 +72,16 @@ def measure_group(
     results = []
     for batch in (batches if symbolic else batches[:1]):
         feeds = random_feeds_for_session(original, default_dim=batch, seed=batch)
-        kernel_s, ort_s = alternate_medians([lambda: fused.run(None, feeds), lambda: original.run(None, feeds)])
+        calls = [lambda: fused.run(None, feeds), lambda: original.run(None, feeds)]
+        kernel_s, ort_s = clearly_slower(*calls) or alternate_medians(calls)
         results.append(Measurement(batch, kernel_s * 1e6, ort_s * 1e6))
     return results
 
 
 def alternate_medians(contenders, rounds: int = ROUNDS, round_seconds: float = ROUND_SECONDS) -> list[float]:
-    """Median seconds per call of each contender, timed in alternating rounds.
+    """Median seconds per call of each contender, timed in alternating rounds (bench's timer)."""
+    from .bench import alternating_rounds
 
-    Alternating matters: thread pools spin after a call and caches stay warm for whoever runs
-    next, so timing one contender after the other biases the comparison.
-    """
     reps = []
     for run in contenders:  # warm up and size each round
         run()
@@ -90,14 +89,23 @@ def alternate_medians(contenders, rounds: int = ROUNDS, round_seconds: float = R
         run()
         once = max(time.perf_counter() - start, 1e-7)
         reps.append(max(1, min(1000, int(round_seconds / once))))
-    samples: list[list[float]] = [[] for _ in contenders]
-    for _ in range(rounds):
-        for k, run in enumerate(contenders):
+    return [statistics.median(s) for s in alternating_rounds(contenders, reps, rounds)]
+
+
+def clearly_slower(kernel, reference, factor: float = 3.0) -> tuple[float, float] | None:
+    """Best-of-3 times when the kernel is over `factor` times slower: no need for careful rounds
+    (a 50x slower convolution would otherwise cost seconds per group to measure)."""
+    def best(run):
+        run()
+        times = []
+        for _ in range(3):
             start = time.perf_counter()
-            for _ in range(reps[k]):
-                run()
-            samples[k].append((time.perf_counter() - start) / reps[k])
-    return [statistics.median(s) for s in samples]
+            run()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    k, r = best(kernel), best(reference)
+    return (k, r) if k > factor * r else None
 
 
 def kernel_is_faster(measurements: list[Measurement]) -> bool:

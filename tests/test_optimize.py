@@ -71,7 +71,7 @@ BUNDLED = [
 @pytest.mark.parametrize("name", BUNDLED)
 def test_bundled_model_matches_onnxruntime(name, tmp_path, cache):
     source = MODELS / f"{name}.onnx"
-    result = optimize(source, tmp_path / f"{name}.fused.onnx", cache_dir=cache, jobs=1)
+    result = optimize(source, tmp_path / f"{name}.fused.onnx", cache_dir=cache, jobs=1, select="all")
     report = result.report
     assert report["groups_total"] >= 1
     assert report["groups_fallback"] == 0, [g.get("reason") for g in report["groups"]]
@@ -160,8 +160,9 @@ def test_failed_run_leaves_no_files(tmp_path, monkeypatch, cache):
 
 
 def test_parallel_jobs_give_the_same_model(tmp_path):
-    serial = optimize(MODELS / "conv_block.onnx", tmp_path / "s" / "c.fused.onnx", cache_dir=False, jobs=1)
-    parallel = optimize(MODELS / "conv_block.onnx", tmp_path / "p" / "c.fused.onnx", cache_dir=False, jobs=2)
+    serial = optimize(MODELS / "conv_block.onnx", tmp_path / "s" / "c.fused.onnx", cache_dir=False, jobs=1, select="all")
+    parallel = optimize(MODELS / "conv_block.onnx", tmp_path / "p" / "c.fused.onnx", cache_dir=False, jobs=2,
+                        select="all")
     assert serial.model_path.read_bytes() == parallel.model_path.read_bytes()
     assert parallel.report["groups_compiled"] == 2
 
@@ -221,7 +222,7 @@ LIGHT = sorted((BACKEND / "light").glob("*.onnx"))
 @pytest.mark.slow
 @pytest.mark.parametrize("path", LIGHT, ids=lambda p: p.stem)
 def test_light_model_reproduces_shipped_outputs(path, tmp_path, cache):
-    result = optimize(path, tmp_path / f"{path.stem}.fused.onnx", cache_dir=cache, jobs=1)
+    result = optimize(path, tmp_path / f"{path.stem}.fused.onnx", cache_dir=cache, jobs=1, select="all")
     assert result.report["groups_compiled"] + result.report["groups_cached"] >= 1
     feeds = light_inputs(path)
     expected, actual = run_both(path, result.model_path, feeds)
@@ -245,7 +246,7 @@ OPERATOR_DIRS = sorted(d for d in (BACKEND / "pytorch-operator").iterdir() if (d
 def test_pytorch_operator_model_reproduces_shipped_outputs(model_dir, tmp_path, cache):
     if not _ort_can_run(model_dir):
         pytest.skip("onnxruntime itself cannot run this model (opset-6 kernels it no longer has)")
-    result = optimize(model_dir / "model.onnx", tmp_path / "m.fused.onnx", cache_dir=cache, jobs=1)
+    result = optimize(model_dir / "model.onnx", tmp_path / "m.fused.onnx", cache_dir=cache, jobs=1, select="all")
     assert result.report["groups_fallback"] == 0, result.report["groups"]
     data = sorted(model_dir.glob("test_data_set_*"))[0]
     inputs = [numpy_helper.to_array(onnx.load_tensor(str(p))) for p in sorted(data.glob("input_*.pb"))]
@@ -281,5 +282,14 @@ def test_large_output_is_written_with_external_data(tmp_path, cache, monkeypatch
     assert data_file.is_file() and data_file.stat().st_size > 10_000
     assert result.model_path.stat().st_size < 10_000
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    expected, actual = run_both(source, result.model_path, random_inputs(source, 2))
+    assert_outputs_match(expected, actual)
+
+
+def test_auto_selection_leaves_convolutions_to_onnxruntime(tmp_path, cache):
+    source = MODELS / "conv_block.onnx"
+    result = optimize(source, tmp_path / "c.fused.onnx", cache_dir=cache, jobs=1)
+    for group in result.report["groups"]:
+        assert group["status"] == "fallback" and group["reason"].startswith("auto: onnxruntime's Conv")
     expected, actual = run_both(source, result.model_path, random_inputs(source, 2))
     assert_outputs_match(expected, actual)

@@ -1,0 +1,246 @@
+"""The benchmark set behind `make bench` and `make bench-trees`.
+
+    python benchmarks/run.py models   # models/ + the onnx wheel's light models + the 100-tree forest
+    python benchmarks/run.py trees    # the 100-tree forest three ways; compile time against depth
+
+Results go to benchmarks/results/ (JSON + a markdown table). Kernels are cached in
+.cache/bench-kernels, so a rerun compiles only what changed; generated models and fused outputs
+live in .cache/bench-work. Batches, rounds and thread counts are chosen so `models` stays under
+20 minutes on a 2-core machine once the kernel cache is warm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import onnx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from onnxfuse.atomic import write_text_atomic  # noqa: E402
+from onnxfuse.bench import (  # noqa: E402
+    BASELINE,
+    FUSED,
+    BenchOptions,
+    bench_model,
+    copy_bandwidth_gbs,
+    format_cell,
+    format_compile_table,
+    format_table,
+    render_table,
+    report_json,
+)
+from onnxfuse.errors import OnnxfuseError  # noqa: E402
+
+MODELS = ROOT / "models"
+RESULTS = ROOT / "benchmarks" / "results"
+WORK = ROOT / ".cache" / "bench-work"
+KERNELS = ROOT / ".cache" / "bench-kernels"
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+ML_REFERENCE = "ort-ml TreeEnsemble"
+# The bundled forest as one ONNX-ML op: the opaque reference for the tree programs, never fused.
+TREE_ENSEMBLE_D8 = MODELS / "tree_ensemble_d8.onnx"
+TREE_PROGRAMS_D8 = ("tree_trav_d8", "perf_tree_trav_d8")
+
+# onnxfuse's promise is "never slower than onnxruntime": the benchmark shows it with --select measured.
+SMALL = BenchOptions(batches=(1, 64, 1000), threads=(1, 2), rounds=15, budget_seconds=6.0, cache_dir=str(KERNELS),
+                     select="measured")
+LIGHT_OPTIONS = BenchOptions(batches=(1,), threads=(1,), rounds=7, budget_seconds=8.0, cache_dir=str(KERNELS),
+                             select="measured")
+FOREST = BenchOptions(batches=(1, 1000, 10000), threads=(1,), rounds=11, budget_seconds=8.0, cache_dir=str(KERNELS),
+                      select="measured")
+COMPILE_DEPTHS = ((3, 100), (8, 100), (16, 100), (20, 1), (32, None))  # (depth, trees); None: cannot be built
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@functools.lru_cache(maxsize=1)
+def make_models_module():
+    """models/make_models.py, imported by path (models/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("make_models", MODELS / "make_models.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while being defined
+    spec.loader.exec_module(module)
+    return module
+
+
+def benchmark_forest_models() -> dict[str, Path]:
+    """The 100-tree depth-8 forest as tree_trav, perf_tree_trav and TreeEnsemble (written once)."""
+    mm = make_models_module()
+    forest = mm.benchmark_forest()
+    paths = {}
+    for name, build in (("tree_trav_100x8", mm.tree_trav_model), ("perf_tree_trav_100x8", mm.perf_tree_trav_model),
+                        ("tree_ensemble_100x8", mm.tree_ensemble_model)):
+        path = WORK / "models" / f"{name}.onnx"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            onnx.save_model(build(forest), str(path))
+        paths[name] = path
+    return paths
+
+
+def bench_one(path: Path, options: BenchOptions, results: list, failures: list, **kwargs) -> None:
+    name = kwargs.pop("name", path.name.removesuffix(".onnx"))
+    started = time.perf_counter()
+    try:
+        results.append(bench_model(path, options=options, name=name, work_dir=WORK / name, log=log, **kwargs))
+    except OnnxfuseError as exc:
+        failures.append({"model": name, "error": str(exc)})
+        log(f"{name}: FAILED: {exc}")
+    log(f"{name}: done in {time.perf_counter() - started:.0f}s")
+
+
+def run_models() -> dict:
+    """The whole set: bundled models, light models (static batch 1), the 100-tree forest."""
+    started = time.perf_counter()
+    results, failures = [], []
+    for path in sorted(MODELS.glob("*.onnx")):
+        if path == TREE_ENSEMBLE_D8:
+            continue  # the reference below, not a model to fuse
+        extras = {ML_REFERENCE: str(TREE_ENSEMBLE_D8)} if path.stem in TREE_PROGRAMS_D8 else None
+        bench_one(path, SMALL, results, failures, extra_models=extras)
+    for path in sorted(LIGHT.glob("*.onnx")):
+        bench_one(path, LIGHT_OPTIONS, results, failures)
+    forest = benchmark_forest_models()
+    for name in ("tree_trav_100x8", "perf_tree_trav_100x8"):
+        bench_one(forest[name], FOREST, results, failures,
+                  extra_models={ML_REFERENCE: str(forest["tree_ensemble_100x8"])})
+    seconds = time.perf_counter() - started
+    report = report_json(results, SMALL, {
+        "sets": {"models/": SMALL.__dict__, "light": LIGHT_OPTIONS.__dict__, "forest 100x8": FOREST.__dict__},
+        "copy_bandwidth_gbs": copy_bandwidth_gbs(), "failures": failures, "seconds": round(seconds, 1)})
+    notes = notes_text(results)
+    tables = [format_table(results), format_compile_table(results), notes]
+    markdown = [format_table(results, markdown=True), format_compile_table(results, markdown=True), notes]
+    write_results("latest", report, tables, markdown, seconds, failures)
+    return report
+
+
+def run_trees() -> dict:
+    """100 trees, depth 8, 1 thread: onnxfuse vs the same program in onnxruntime vs TreeEnsemble;
+    then onnxfuse's compile time (no cache) against tree depth."""
+    started = time.perf_counter()
+    forest = benchmark_forest_models()
+    options = BenchOptions(batches=(1, 1000, 10000), threads=(1,), rounds=11, budget_seconds=10.0, tvm=False,
+                           cache_dir=str(KERNELS))
+    results, failures = [], []
+    for name in ("tree_trav_100x8", "perf_tree_trav_100x8"):
+        bench_one(forest[name], options, results, failures,
+                  extra_models={ML_REFERENCE: str(forest["tree_ensemble_100x8"])})
+    compile_rows = [compile_time(depth, trees) for depth, trees in COMPILE_DEPTHS]
+    seconds = time.perf_counter() - started
+    report = report_json(results, options, {"compile_vs_depth": compile_rows, "failures": failures,
+                                            "seconds": round(seconds, 1)})
+    notes = notes_text(results) + "".join(
+        f"\ndepth {r['depth']}: fell back: {'; '.join(r['fallback_reasons'])}" for r in compile_rows if r.get("fallback_reasons"))
+    notes += ("\nDepth 16 has 100 trees; depth 20 is the deepest complete tree that fits (1 tree, 2M nodes). "
+              + "".join(f"Depth {r['depth']}: {r['na']}." for r in compile_rows if "na" in r)
+              + " Kernel compile s sums the groups' compile times (2 compile in parallel); the rest of optimize "
+              "is loading, hashing, verifying and writing the model with its tables.")
+    tables = [trees_table(results), compile_table(compile_rows), notes]
+    markdown = [trees_table(results, markdown=True), compile_table(compile_rows, markdown=True), notes]
+    write_results("trees", report, tables, markdown, seconds, failures)
+    return report
+
+
+def compile_time(depth: int, trees: int | None) -> dict:
+    """onnxfuse optimize on tree_trav with make_forest(trees, depth, 28), no kernel cache."""
+    if trees is None:
+        return {"depth": depth, "trees": 0, "na": (
+            "not built: tree_trav tables cover every heap node of a complete tree, 2^(d+1)-1 per tree; "
+            f"at depth {depth}: 8.6e9 nodes, ~300 GB, for one tree")}
+    from onnxfuse.optimize import optimize
+
+    mm = make_models_module()
+    path = WORK / "depth" / f"tree_trav_{trees}x{depth}.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = mm.tree_trav_model(mm.make_forest(trees, depth, 28))
+    onnx.save_model(model, str(path))
+    log(f"compile time: depth {depth}, {trees} trees ({path.stat().st_size / 1e6:.1f} MB)")
+    started = time.perf_counter()
+    result = optimize(path, path.with_name(path.stem + ".fused.onnx"), cache_dir=False)
+    seconds = time.perf_counter() - started
+    report = result.report
+    return {"depth": depth, "trees": trees, "model_mb": round(path.stat().st_size / 1e6, 1),
+            "optimize_seconds": round(seconds, 2), "nodes": report["node_count"],
+            "fused_nodes": report["fused_node_count"], "groups": report["groups_total"],
+            "groups_fallback": report["groups_fallback"],
+            "group_compile_seconds": [g["compile_seconds"] for g in report["groups"]],
+            "fallback_reasons": list(dict.fromkeys(g["reason"][:160] for g in report["groups"] if g["status"] == "fallback"))}
+
+
+def trees_table(results, markdown: bool = False) -> str:
+    """Per program and batch: ms per call of the three, ratios over plain onnxruntime and over TreeEnsemble."""
+    header = ["program (100 trees, d8)", "batch", "onnxruntime ms", "onnxfuse ms (× ort)", f"{ML_REFERENCE} ms (× ort)",
+              "onnxfuse vs TreeEnsemble"]
+    rows = []
+    for r in results:
+        for run in r.runs:
+            c = run["contenders"]
+            fused, ml = c.get(FUSED, {}), c.get(ML_REFERENCE, {})
+            rows.append([r.name, str(run["batch"]), format_cell(c[BASELINE], True), format_cell(fused),
+                         format_cell(ml), faster_or_slower(fused, ml)])
+    return render_table(header, rows, markdown)
+
+
+def notes_text(results) -> str:
+    return "\n".join(f"{r.name}: {note}" for r in results for note in r.notes)
+
+
+def faster_or_slower(cell: dict, reference: dict) -> str:
+    if "median_ms" not in cell or "median_ms" not in reference:
+        return "n/a"
+    ratio = reference["median_ms"] / cell["median_ms"]
+    return f"{ratio:.2f}× faster" if ratio >= 1 else f"{1 / ratio:.2f}× slower"
+
+
+def compile_table(rows: list[dict], markdown: bool = False) -> str:
+    header = ["depth", "trees", "model MB", "optimize s (no cache)", "of which kernel compile s", "groups",
+              "fused/total nodes"]
+    out = []
+    for r in rows:
+        if "na" in r:
+            out.append([str(r["depth"]), "—", "—", "n/a (see note)", "—", "—", "—"])
+        else:
+            out.append([str(r["depth"]), str(r["trees"]), f"{r['model_mb']:.1f}", f"{r['optimize_seconds']:.1f}",
+                        f"{sum(r['group_compile_seconds']):.1f}", f"{r['groups']} ({r['groups_fallback']} fell back)",
+                        f"{r['fused_nodes']}/{r['nodes']}"])
+    return render_table(header, out, markdown)
+
+
+def write_results(stem: str, report: dict, tables: list[str], markdown: list[str], seconds: float, failures) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(RESULTS / f"{stem}.json", json.dumps(report, indent=1, default=str))
+    machine = report["machine"]
+    head = (f"{machine['cpu']}, {machine['cores']} cores; onnxruntime {machine['onnxruntime']}, "
+            f"TVM {machine.get('tvm', '?')}. Median ms per call over alternating rounds; "
+            f"(N×) = onnxruntime ms / contender ms; ≈ = one call (too slow for rounds). Took {seconds / 60:.1f} min.")
+    failed = [f"- {f['model']}: {f['error']}" for f in failures]
+    write_text_atomic(RESULTS / f"{stem}.md", "\n\n".join([head, *markdown, *(["Failed:\n" + "\n".join(failed)] if failed else [])]) + "\n")
+    print(head)
+    for table in tables:
+        print()
+        print(table)
+    for line in failed:
+        print(line)
+    print(f"\nwrote {RESULTS / (stem + '.json')} and {RESULTS / (stem + '.md')}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("which", choices=["models", "trees"])
+    args = parser.parse_args(argv)
+    run_models() if args.which == "models" else run_trees()
+
+
+if __name__ == "__main__":
+    main()

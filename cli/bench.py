@@ -1,0 +1,79 @@
+"""`onnxfuse bench`: time a model under onnxruntime, onnxfuse and TVM's own pipeline, side by side."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from onnxfuse.errors import UsageError
+from onnxfuse_cli.common import EXIT_FAILED, clean_errors, parse_sizes
+
+
+def _extra_models(items: tuple[str, ...]) -> dict[str, str]:
+    extras = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"--ort {item!r} is not NAME=MODEL.onnx")
+        extras[name] = path
+    return extras
+
+
+@click.command("bench")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--fused", type=click.Path(dir_okay=False),
+              help="An already fused model to time (default: optimize MODEL first, using the kernel cache).")
+@click.option("--batch", "batches", default="1,64,1000", show_default=True, metavar="N,N",
+              help="Batch sizes: the value of every symbolic dimension. Models with static shapes run at theirs.")
+@click.option("--threads", default="1", show_default=True, metavar="N,N",
+              help="Thread counts: onnxruntime intra-op threads and TVM_NUM_THREADS; each runs in a fresh process.")
+@click.option("--rounds", type=click.IntRange(min=1), default=15, show_default=True,
+              help="Alternating rounds per measurement (fewer for slow models, to stay near --budget).")
+@click.option("--budget", type=click.FloatRange(min=0.1), default=20.0, show_default=True,
+              help="Seconds one batch × thread count may take about; slow models get fewer rounds (at least 5).")
+@click.option("--ort", "extra", multiple=True, metavar="NAME=MODEL",
+              help="Another ONNX model with the same inputs and outputs to time in onnxruntime, e.g. "
+                   "--ort trees-ml=forest_ml.onnx. Repeatable.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write all numbers as JSON.")
+@click.option("--no-tvm", is_flag=True, help="Leave out TVM's own pipeline (its build can take minutes).")
+@click.option("--cache-dir", type=click.Path(file_okay=False),
+              help="Kernel cache for optimizing (default: $ONNXFUSE_CACHE_DIR or ~/.cache/onnxfuse).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--select", type=click.Choice(["auto", "all", "measured"]), default="auto", show_default=True,
+              help="How onnxfuse picks groups when it optimizes MODEL (see `onnxfuse optimize --help`); "
+                   "measured times each kernel at the --batch sizes and the first --threads.")
+@clean_errors
+def bench(model, fused, batches, threads, rounds, budget, extra, json_path, no_tvm, cache_dir, seed, select) -> None:
+    """Time MODEL under onnxruntime (ORT_ENABLE_ALL), as onnxfuse's fused model in onnxruntime, and
+    under TVM's own pipeline (from_onnx + default Relax pipeline + VM), at each batch size and thread
+    count. Prints median ms per call and the speedup over onnxruntime (onnxruntime ms / contender ms).
+
+    Every contender's outputs are checked against onnxruntime on the original model first; a
+    contender that differs is refused, not timed, and a refused fused model makes the exit code 1.
+
+    \b
+    onnxfuse bench models/lstm_cell.onnx --batch 1,64 --threads 1,2
+    onnxfuse bench tree_trav.onnx --ort trees-ml=tree_ensemble.onnx --no-tvm --json out.json
+    """
+    from onnxfuse.bench import BenchOptions, bench_model, fused_refusals, format_compile_table, format_table, report_json
+
+    options = BenchOptions(batches=parse_sizes(batches, "--batch"), threads=parse_sizes(threads, "--threads"), rounds=rounds,
+                           budget_seconds=budget, tvm=not no_tvm, cache_dir=cache_dir, seed=seed, select=select)
+    log = lambda message: click.echo(f"onnxfuse: {message}", err=True)  # noqa: E731
+    result = bench_model(model, fused, options, extra_models=_extra_models(extra), log=log)
+    click.echo(format_table([result]))
+    click.echo()
+    click.echo(format_compile_table([result]))
+    for note in result.notes:
+        click.echo(f"note: {note}")
+    if json_path:
+        from onnxfuse.atomic import write_text_atomic
+
+        write_text_atomic(json_path, json.dumps(report_json([result], options), indent=1))
+    refused = fused_refusals([result])
+    if refused:
+        click.echo("onnxfuse: error: the fused model's outputs differ from the original; not timed: "
+                   + "; ".join(refused), err=True)
+        sys.exit(EXIT_FAILED)

@@ -1,0 +1,150 @@
+"""The benchmark harness's logic: alternating rounds, refusing wrong outputs, inputs, table and JSON.
+
+No assertion here depends on how fast anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper
+
+from onnxfuse.bench import (
+    BASELINE,
+    FUSED,
+    TVM,
+    BenchOptions,
+    Contender,
+    InputSpec,
+    ModelBench,
+    Timing,
+    check_outputs,
+    format_table,
+    fused_refusals,
+    race,
+    random_inputs,
+    report_json,
+    with_speedups,
+)
+from onnxfuse_cli.main import main
+
+REFERENCE = {"y": np.arange(6, dtype=np.float32).reshape(2, 3)}
+
+
+def logged(name: str, log: list[str], outputs=REFERENCE) -> Contender:
+    def call():
+        log.append(name)
+        return outputs
+
+    return Contender(name, call)
+
+
+def test_race_gives_one_timing_per_contender_in_the_given_order():
+    log: list[str] = []
+    results = race([logged("b", log), logged("a", log)], REFERENCE, rounds=3, round_seconds=0.0)
+    assert list(results) == ["b", "a"]
+    assert all(isinstance(t, Timing) and t.rounds == 3 and t.p10 <= t.median <= t.p90 for t in results.values())
+
+
+def test_race_alternates_contenders_round_by_round():
+    log: list[str] = []
+    race([logged("a", log), logged("b", log)], REFERENCE, rounds=4, round_seconds=0.0)  # one call per round
+    timed = log[4:]  # each contender: check call + one sizing call first
+    assert log[:4] == ["a", "a", "b", "b"]
+    assert timed == ["a", "b"] * 4
+
+
+def test_race_refuses_to_time_a_contender_whose_outputs_differ():
+    log: list[str] = []
+    wrong = {"y": REFERENCE["y"] + 1.0}
+    results = race([logged("ok", log), logged("wrong", log, wrong)], REFERENCE, rounds=3, round_seconds=0.0)
+    assert isinstance(results["ok"], Timing)
+    assert results["wrong"].startswith("refused: output y differs")
+    assert log.count("wrong") == 1  # the check call only: never timed
+
+
+def test_race_reports_a_failing_contender_instead_of_raising():
+    def broken():
+        raise RuntimeError("some backend error\nlast line says why")
+
+    results = race([Contender("broken", broken)], REFERENCE, rounds=2, round_seconds=0.0)
+    assert results["broken"] == "failed: last line says why"
+
+
+def test_check_outputs_matches_by_name_and_needs_a_shared_output():
+    swapped = {"extra": np.zeros(1), "y": REFERENCE["y"].copy()}
+    assert check_outputs(REFERENCE, swapped) is None
+    assert "no output in common" in check_outputs(REFERENCE, {"z": REFERENCE["y"]})
+    assert check_outputs({"label": np.array([1, 0])}, {"label": np.array([1, 1])}) is not None
+
+
+def test_random_inputs_bind_the_batch_and_are_seeded():
+    specs = [InputSpec("x", "float32", ("N", 4)), InputSpec("idx", "int64", (None, 2)), InputSpec("w", "float32", (3,))]
+    a, b = random_inputs(specs, 5, seed=1), random_inputs(specs, 5, seed=1)
+    assert a["x"].shape == (5, 4) and a["idx"].shape == (5, 2) and a["w"].shape == (3,)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert a["idx"].min() >= 0 and a["idx"].max() < 8
+    assert not np.array_equal(random_inputs(specs, 5, seed=2)["x"], a["x"])
+
+
+def sample_result() -> ModelBench:
+    r = ModelBench("m", "m.onnx", "m.fused.onnx", compile={"optimize": {"seconds": 1.0}})
+    cells = {BASELINE: {"median_ms": 2.0}, FUSED: {"median_ms": 1.0}, TVM: {"na": "TVM build failed: why"}}
+    r.runs.append({"batch": 64, "threads": 1, "contenders": with_speedups(cells)})
+    return r
+
+
+def test_speedup_is_onnxruntime_over_contender():
+    cells = sample_result().runs[0]["contenders"]
+    assert cells[FUSED]["speedup"] == 2.0 and cells[BASELINE]["speedup"] == 1.0 and "speedup" not in cells[TVM]
+
+
+def test_table_has_a_row_per_run_and_a_column_per_contender():
+    text = format_table([sample_result()])
+    header, _, row = text.splitlines()
+    assert header.split() == ["model", "batch", "thr", "onnxruntime", "ms", "onnxfuse", "ms", "tvm", "ms"]
+    assert "1.000 (2.00×)" in row and "n/a (TVM build failed: why)" in row
+    markdown = format_table([sample_result()], markdown=True).splitlines()
+    assert markdown[0].startswith("| model") and len(markdown) == 3
+
+
+def test_json_report_shape():
+    report = json.loads(json.dumps(report_json([sample_result()], BenchOptions(batches=(64,)))))
+    assert set(report) >= {"machine", "options", "models", "ratio"}
+    model = report["models"][0]
+    assert model["runs"][0]["contenders"][FUSED]["speedup"] == 2.0
+    assert model["compile"]["optimize"]["seconds"] == 1.0
+
+
+def test_fused_refusals_lists_only_refused_fused_runs():
+    r = sample_result()
+    assert fused_refusals([r]) == []
+    r.runs[0]["contenders"][FUSED] = {"na": "refused: output y differs from the original (max abs error 1)"}
+    assert fused_refusals([r]) == ["m batch 64, 1 thread(s): refused: output y differs from the original (max abs error 1)"]
+
+
+def unary_model(path, op: str) -> str:
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("fused_op, exit_code", [("Relu", 0), ("Sigmoid", 1)])
+def test_cli_times_a_matching_fused_model_and_refuses_a_wrong_one(tmp_path, fused_op, exit_code):
+    original = unary_model(tmp_path / "m.onnx", "Relu")
+    fused = unary_model(tmp_path / "m.fused.onnx", fused_op)
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(main, ["bench", original, "--fused", fused, "--batch", "2", "--no-tvm",
+                                       "--rounds", "2", "--json", str(out)])
+    assert result.exit_code == exit_code, result.output
+    cell = json.loads(out.read_text())["models"][0]["runs"][0]["contenders"][FUSED]
+    if exit_code == 0:
+        assert cell["median_ms"] > 0
+    else:
+        assert cell["na"].startswith("refused") and "differ" in result.output
