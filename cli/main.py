@@ -15,6 +15,9 @@ fusion_options = [
                  help="Most ops in one fused group."),
     click.option("--max-inputs", type=click.IntRange(min=1), default=64, show_default=True,
                  help="Most distinct input values (weights included) of one group."),
+    click.option("--max-duplication", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="Most copies of one value's expression inside a kernel; a value read more often is "
+                      "computed once (keeps deep tree chains linear to compile)."),
 ]
 
 
@@ -42,14 +45,14 @@ def main() -> None:
 @with_fusion_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
 @clean_errors
-def inspect(model: str, max_depth: int, max_inputs: int, as_json: bool) -> None:
+def inspect(model: str, max_depth: int, max_inputs: int, max_duplication: int, as_json: bool) -> None:
     """Show how MODEL would be fused: groups, their ops, and why other nodes stay unfused."""
     from onnxfuse.fusion.partition import FusionOptions
     from onnxfuse.fusion.plan import plan_fusion
     from onnxfuse.loader import load_model
 
     graph = load_model(model)
-    plan = plan_fusion(graph, FusionOptions(max_depth=max_depth, max_inputs=max_inputs))
+    plan = plan_fusion(graph, FusionOptions(max_depth=max_depth, max_inputs=max_inputs, max_duplication=max_duplication))
     if as_json:
         click.echo(json.dumps({"model": model, **plan.to_json()}))
         return
@@ -85,7 +88,8 @@ def inspect(model: str, max_depth: int, max_inputs: int, as_json: bool) -> None:
               help="With --select measured: onnxruntime intra-op threads while timing.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the summary.")
 @clean_errors
-def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, jobs, compile_timeout, report_path, cache_dir,
+def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, max_duplication, jobs, compile_timeout,
+             report_path, cache_dir,
              no_cache, no_verify, select, select_batches, threads, quiet) -> None:
     """Fuse MODEL, compile each group into one kernel, and write the fused model + its library."""
     from onnxfuse.optimize import Progress
@@ -93,6 +97,7 @@ def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, jobs, co
 
     result = run_optimize(
         model, output, target=target, mcpu=mcpu, mattr=mattr, max_depth=max_depth, max_inputs=max_inputs,
+        max_duplication=max_duplication,
         jobs=jobs, cache_dir=False if no_cache else (cache_dir or True), verify=not no_verify,
         select=select, select_batches=parse_sizes(select_batches, "--select-batch"), threads=threads, compile_timeout=compile_timeout,
         progress=Progress(enabled=not quiet),

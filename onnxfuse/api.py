@@ -11,6 +11,8 @@ from .fusion.plan import FusionPlan, plan_fusion
 from .loader import load_model
 
 
-def plan(model: str | os.PathLike | onnx.ModelProto, *, max_depth: int = 256, max_inputs: int = 64) -> FusionPlan:
+def plan(model: str | os.PathLike | onnx.ModelProto, *, max_depth: int = 256, max_inputs: int = 64,
+         max_duplication: int = 1) -> FusionPlan:
     """The fusion plan of a model file or ModelProto (what `onnxfuse inspect` prints)."""
-    return plan_fusion(load_model(model), FusionOptions(max_depth=max_depth, max_inputs=max_inputs))
+    options = FusionOptions(max_depth=max_depth, max_inputs=max_inputs, max_duplication=max_duplication)
+    return plan_fusion(load_model(model), options)

@@ -75,7 +75,7 @@ class OptimizeResult:
             "fused_node_count": sum(len(o.group.node_indices) for o in self.outcomes if o.kernel),
             "groups_total": len(self.outcomes),
             **{f"groups_{k}": v for k, v in counts.items()},
-            "options": {"max_depth": self.plan.options.max_depth, "max_inputs": self.plan.options.max_inputs},
+            "options": self.plan.options_json(),
             "groups": [o.to_json() for o in self.outcomes],
             "unfused": [u.to_json() for u in self.plan.unfused],
         }
@@ -100,6 +100,7 @@ def optimize(
     mattr: str | None = None,
     max_depth: int = 256,
     max_inputs: int = 64,
+    max_duplication: int = 1,
     jobs: int | None = None,
     cache_dir: str | os.PathLike | None | bool = True,
     verify: bool = True,
@@ -127,7 +128,8 @@ def optimize(
     model_path = Path(model)
     out_path = Path(output) if output else default_output(model_path)
     graph = load_model(model_path)
-    plan = plan_fusion(graph, FusionOptions(max_depth=max_depth, max_inputs=max_inputs))
+    options = FusionOptions(max_depth=max_depth, max_inputs=max_inputs, max_duplication=max_duplication)
+    plan = plan_fusion(graph, options)
     cache = KernelCache(default_cache_dir() if cache_dir is True else (Path(cache_dir) if cache_dir else None))
     progress = progress or Progress(enabled=False)
 
@@ -158,7 +160,7 @@ def optimize(
 def _compile_groups(graph, plan, tgt: Target, cache: KernelCache, build_dir: Path, jobs, verify, timeout,
                     progress, skip_uncompetitive: bool) -> list[GroupOutcome]:
     outcomes: dict[str, GroupOutcome] = {}
-    pending: dict[str, tuple[bytes, str]] = {}  # key → (group model, kernel name)
+    pending: dict[str, tuple[bytes, str, int]] = {}  # key → (group model, kernel name, max duplication)
     waiting: dict[str, list[FusedGroup]] = {}
     for group in plan.groups:
         slow = uncompetitive_ops(group.op_types) if skip_uncompetitive else []
@@ -172,12 +174,13 @@ def _compile_groups(graph, plan, tgt: Target, cache: KernelCache, build_dir: Pat
         except CompileError as exc:
             outcomes[group.name] = GroupOutcome(group, "fallback", reason=str(exc))
             continue
-        key = group_key(group_model, tgt.key)
+        key = group_key(group_model, f"{tgt.key}|dup{plan.options.max_duplication}")
         hit = cache.load(key)
         if hit is not None:
             outcomes[group.name] = GroupOutcome(group, "cached", hit[0], info=hit[1])
             continue
-        pending.setdefault(key, (group_model.SerializeToString(deterministic=True), kernel_name(key)))
+        pending.setdefault(key, (group_model.SerializeToString(deterministic=True), kernel_name(key),
+                                 plan.options.max_duplication))
         waiting.setdefault(key, []).append(group)
 
     progress.start(len(pending), sum(o.status == "cached" for o in outcomes.values()))
@@ -226,7 +229,8 @@ def _run_compiles(pending: dict, tgt: Target, build_dir: Path, jobs: int | None,
     """
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(pending)))
     target_args = (tgt.name, tgt.mcpu, ",".join(tgt.mattr) or None)
-    tasks = {key: (model_bytes, name, target_args, str(build_dir), verify) for key, (model_bytes, name) in pending.items()}
+    tasks = {key: (model_bytes, name, target_args, str(build_dir), verify, dup)
+             for key, (model_bytes, name, dup) in pending.items()}
     if jobs == 1 and timeout is None:
         for key, args in tasks.items():
             yield key, compile_one(*args)
@@ -234,7 +238,8 @@ def _run_compiles(pending: dict, tgt: Target, build_dir: Path, jobs: int | None,
     yield from run_with_deadline(compile_one, tasks, jobs, timeout, lambda reason: (None, {}, reason, 0.0))
 
 
-def compile_one(model_bytes: bytes, name: str, target_args: tuple, build_dir: str, verify: bool):
+def compile_one(model_bytes: bytes, name: str, target_args: tuple, build_dir: str, verify: bool,
+                max_duplication: int = 1):
     """Compile and verify one group (runs in a worker process). Never raises for a bad group."""
     from .codegen.compile import compile_group
 
@@ -245,7 +250,7 @@ def compile_one(model_bytes: bytes, name: str, target_args: tuple, build_dir: st
         out_dir = Path(build_dir) / name
         out_dir.mkdir(parents=True, exist_ok=True)
         with native_stderr_captured() as messages:
-            compiled = compile_group(group_model, name, tgt, out_dir)
+            compiled = compile_group(group_model, name, tgt, out_dir, max_duplication=max_duplication)
         info: dict = {"stats": _jsonable(compiled.stats)}
         if messages:
             info["tvm_messages"] = messages

@@ -18,10 +18,12 @@ def format_plan(model_name: str, plan: FusionPlan) -> str:
     lines = [
         f"{model_name}: {plan.node_count} nodes; {len(plan.groups)} fused groups cover {fused}; "
         f"{len(plan.unfused)} stay with onnxruntime "
-        f"(max depth {plan.options.max_depth}, max inputs {plan.options.max_inputs})"
+        f"(max depth {plan.options.max_depth}, max inputs {plan.options.max_inputs}, "
+        f"max duplication {plan.options.max_duplication})"
     ]
     for g in plan.groups:
-        reuse = (f"; {len(g.reuse)} values read by several ops (up to {max(g.reuse.values())}×), each computed once"
+        reuse = (f"; {len(g.reuse)} values read by several ops (up to {max(g.reuse.values())}×), "
+                 f"{g.materialised(plan.options.max_duplication)} computed once by the duplication bound"
                  if g.reuse else "")
         lines.append(f"  {g.name}: {len(g.node_indices)} ops [{_ops_summary(g.op_types)}] "
                      f"nodes {_ranges(g.node_indices)} → {', '.join(g.outputs)}{reuse}")

@@ -81,3 +81,10 @@ def test_bad_input_gives_one_line_and_exit_2(tmp_path):
         assert "Traceback" not in proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("onnxfuse: error:"), (name, proc.stderr)
+
+
+def test_json_reports_the_duplication_bound():
+    plan = json.loads(run_inspect("models/tree_trav_d3.onnx", "--json", "--max-duplication", "3").output)
+    assert plan["options"]["max_duplication"] == 3
+    (group,) = plan["groups"]
+    assert group["max_reuse"] == 4 and group["materialised_values"] == group["reused_values"] == 3

@@ -293,3 +293,17 @@ def test_auto_selection_leaves_convolutions_to_onnxruntime(tmp_path, cache):
         assert group["status"] == "fallback" and group["reason"].startswith("auto: onnxruntime's Conv")
     expected, actual = run_both(source, result.model_path, random_inputs(source, 2))
     assert_outputs_match(expected, actual)
+
+
+def test_duplication_bound_reaches_the_kernel_and_the_cache_key(tmp_path, cache):
+    source = MODELS / "tree_trav_d3.onnx"
+    kernels = {}
+    for bound in (1, 2):
+        result = optimize(source, tmp_path / f"d{bound}" / "t.fused.onnx", cache_dir=cache, jobs=1, max_duplication=bound)
+        (group,) = result.report["groups"]
+        kernels[bound] = group["kernel"]
+        assert result.report["options"]["max_duplication"] == bound
+        assert group["stats"]["max_duplication"] == bound
+        expected, actual = run_both(source, result.model_path, random_inputs(source, 9))
+        assert_outputs_match(expected, actual)
+    assert kernels[1] != kernels[2]

@@ -30,15 +30,18 @@ class FusionOptions:
     """At most this many ops in one group (TVM's max_fuse_depth)."""
     max_inputs: int = 64
     """At most this many distinct input values (weights included) in one group."""
+    max_duplication: int = 1
+    """At most this many copies of one producer's expression in a kernel (XLA's duplication bound):
+    a value read by more ops inside a group is computed once into a tile-local buffer. Applied by
+    code generation; it is what keeps deep tree chains from exploding."""
     split_fanout: bool = True
     multi_anchor: bool = True
     injective_into_reduce: bool = True
 
     def __post_init__(self) -> None:
-        if self.max_depth < 1:
-            raise ValueError("max_depth must be at least 1")
-        if self.max_inputs < 1:
-            raise ValueError("max_inputs must be at least 1")
+        for name in ("max_depth", "max_inputs", "max_duplication"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
 
 
 @dataclass

@@ -29,8 +29,12 @@ class FusedGroup:
     Re-emitting such a producer into each reader is what blows up deep tree chains; the code
     generator computes each of them once (bounded by its duplication limit)."""
 
-    def to_json(self) -> dict:
-        return {
+    def materialised(self, max_duplication: int) -> int:
+        """How many reused values the duplication bound makes the kernel compute once."""
+        return sum(1 for readers in self.reuse.values() if readers > max_duplication)
+
+    def to_json(self, max_duplication: int | None = None) -> dict:
+        out = {
             "name": self.name,
             "node_indices": list(self.node_indices),
             "op_types": list(self.op_types),
@@ -40,6 +44,9 @@ class FusedGroup:
             "reused_values": len(self.reuse),
             "max_reuse": max(self.reuse.values(), default=0),
         }
+        if max_duplication is not None:
+            out["materialised_values"] = self.materialised(max_duplication)
+        return out
 
 
 @dataclass(frozen=True)
@@ -63,12 +70,16 @@ class FusionPlan:
     def group_of(self) -> dict[int, str]:
         return {i: g.name for g in self.groups for i in g.node_indices}
 
+    def options_json(self) -> dict:
+        o = self.options
+        return {"max_depth": o.max_depth, "max_inputs": o.max_inputs, "max_duplication": o.max_duplication}
+
     def to_json(self) -> dict:
         return {
             "node_count": self.node_count,
             "fused_node_count": sum(len(g.node_indices) for g in self.groups),
-            "options": {"max_depth": self.options.max_depth, "max_inputs": self.options.max_inputs},
-            "groups": [g.to_json() for g in self.groups],
+            "options": self.options_json(),
+            "groups": [g.to_json(self.options.max_duplication) for g in self.groups],
             "unfused": [u.to_json() for u in self.unfused],
         }
 
