@@ -84,8 +84,8 @@ def inspect(model: str, max_depth: int, max_inputs: int, max_duplication: int, a
                    "on its own group and keep the faster (output then depends on the machine).")
 @click.option("--select-batch", "select_batches", default="1,64", show_default=True, metavar="N,N",
               help="With --select measured: the batch sizes (symbolic dims) to time at; a kernel must win at all.")
-@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
-              help="With --select measured: onnxruntime intra-op threads while timing.")
+@click.option("--threads", default="1", show_default=True, metavar="N,N",
+              help="With --select measured: onnxruntime intra-op thread counts to time at; a kernel must win at all.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the summary.")
 @clean_errors
 def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, max_duplication, jobs, compile_timeout,
@@ -99,7 +99,7 @@ def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, max_dupl
         model, output, target=target, mcpu=mcpu, mattr=mattr, max_depth=max_depth, max_inputs=max_inputs,
         max_duplication=max_duplication,
         jobs=jobs, cache_dir=False if no_cache else (cache_dir or True), verify=not no_verify,
-        select=select, select_batches=parse_sizes(select_batches, "--select-batch"), threads=threads, compile_timeout=compile_timeout,
+        select=select, select_batches=parse_sizes(select_batches, "--select-batch"), threads=parse_sizes(threads, "--threads"), compile_timeout=compile_timeout,
         progress=Progress(enabled=not quiet),
     )
     report = result.report

@@ -257,11 +257,11 @@ def forest_predict_proba(forest: Forest, x: np.ndarray) -> np.ndarray:
     return (proba / forest.n_trees).astype(np.float32)
 
 
-def _tree_input(g: GraphBuilder, forest: Forest) -> str:
+def _tree_input(g: GraphBuilder, forest: "Forest | _ForestShape") -> str:
     return g.add_input("X", TensorProto.FLOAT, [BATCH, forest.n_features])
 
 
-def _classifier_head(g: GraphBuilder, leaf_rows: str, forest: Forest) -> None:
+def _classifier_head(g: GraphBuilder, leaf_rows: str, forest: "Forest | _ForestShape") -> None:
     """Leaf values [N*T, C] -> probabilities [N, C] (mean over trees) and label [N].
 
     Hummingbird's RandomForest aggregation sums over the tree axis and divides by the
@@ -292,14 +292,91 @@ def _tree_trav_tables(forest: Forest) -> dict[str, np.ndarray]:
     features[:, :n_internal] = forest.features
     thresholds[:, :n_internal] = forest.thresholds
     values[:, n_internal:] = forest.leaf_values
+    return _flat_tables(features, thresholds, np.tile(lefts, (t, 1)), np.tile(rights, (t, 1)), values)
+
+
+def _flat_tables(features, thresholds, lefts, rights, values) -> dict[str, np.ndarray]:
+    """[T, nodes] tables → the flattened node tables and per-tree offsets tree_trav reads."""
+    t, n_nodes = features.shape
     return {
         "nodes_features": features.reshape(-1),
         "nodes_thresholds": thresholds.reshape(-1),
-        "nodes_lefts": np.tile(lefts, t),
-        "nodes_rights": np.tile(rights, t),
-        "nodes_values": values.reshape(-1, c),
+        "nodes_lefts": lefts.reshape(-1),
+        "nodes_rights": rights.reshape(-1),
+        "nodes_values": values.reshape(-1, values.shape[-1]),
         "nodes_offset": (np.arange(t, dtype=np.int64) * n_nodes).reshape(1, t),
     }
+
+
+@dataclass(frozen=True)
+class SpineForest:
+    """Deep, sparse trees: node k < depth is internal; one child is the next internal node, the
+    other a leaf (node depth + 1 + k); node `depth` is the last leaf. 2·depth + 1 nodes per tree.
+
+    Why: a complete tree of depth 32 has 2^33 nodes, but the tree_trav *program* for any tree of
+    depth d is the same 14 ops per level. Spines give that program at any depth with small tables,
+    so compile time can be measured against depth alone. Gradient-boosted trees grown without a
+    depth limit look like this too.
+    """
+
+    features: np.ndarray  # [T, nodes] int64
+    thresholds: np.ndarray  # [T, nodes] float32
+    lefts: np.ndarray  # [T, nodes] int64, tree-local
+    rights: np.ndarray  # [T, nodes] int64, tree-local
+    values: np.ndarray  # [T, nodes, C] float32 (zero on internal nodes)
+    n_features: int
+    depth: int
+
+    @property
+    def n_trees(self) -> int:
+        return self.features.shape[0]
+
+    @property
+    def n_classes(self) -> int:
+        return self.values.shape[2]
+
+
+def make_spine_forest(n_trees: int, depth: int, n_features: int, n_classes: int = 2, seed: int = 0) -> SpineForest:
+    rng = np.random.default_rng(seed)
+    n_nodes = 2 * depth + 1
+    features = np.zeros((n_trees, n_nodes), dtype=np.int64)
+    thresholds = np.zeros((n_trees, n_nodes), dtype=np.float32)
+    node_ids = np.arange(n_nodes, dtype=np.int64)
+    lefts = np.tile(node_ids, (n_trees, 1))  # leaves point to themselves
+    rights = lefts.copy()
+    internal = np.arange(depth)
+    features[:, :depth] = rng.integers(0, n_features, size=(n_trees, depth))
+    thresholds[:, :depth] = rng.normal(size=(n_trees, depth)).astype(np.float32)
+    leaf_of = depth + 1 + internal  # the side leaf of internal node k
+    next_node = internal + 1  # the next internal node (node `depth` is the final leaf)
+    spine_left = rng.random((n_trees, depth)) < 0.5
+    lefts[:, :depth] = np.where(spine_left, next_node, leaf_of)
+    rights[:, :depth] = np.where(spine_left, leaf_of, next_node)
+    values = np.zeros((n_trees, n_nodes, n_classes), dtype=np.float32)
+    leaves = rng.dirichlet(np.ones(n_classes), size=(n_trees, depth + 1)).astype(np.float32)
+    values[:, depth:, :] = leaves
+    return SpineForest(features, thresholds, lefts, rights, values, n_features, depth)
+
+
+def spine_forest_predict_proba(forest: SpineForest, x: np.ndarray) -> np.ndarray:
+    """Numpy reference: walk every tree `depth` steps (leaves point to themselves), average."""
+    rows = np.arange(x.shape[0])
+    total = np.zeros((x.shape[0], forest.n_classes), dtype=np.float64)
+    for t in range(forest.n_trees):
+        node = np.zeros(x.shape[0], dtype=np.int64)
+        for _ in range(forest.depth):
+            go_left = x[rows, forest.features[t, node]] <= forest.thresholds[t, node]
+            node = np.where(go_left, forest.lefts[t, node], forest.rights[t, node])
+        total += forest.values[t, node]
+    return (total / forest.n_trees).astype(np.float32)
+
+
+def spine_tree_trav_model(forest: SpineForest) -> onnx.ModelProto:
+    """The same Hummingbird `tree_trav` program as `tree_trav_model`, over a spine forest."""
+    tables = _flat_tables(forest.features, forest.thresholds, forest.lefts, forest.rights, forest.values)
+    return _tree_trav_program(f"spine_tree_trav_d{forest.depth}", tables, forest.n_trees, forest.depth,
+                              forest.n_features, forest.n_classes,
+                              doc=f"Hummingbird tree_trav, {forest.n_trees} spine trees, depth {forest.depth}")
 
 
 def _initial_indexes(g: GraphBuilder, x: str, n_trees: int) -> str:
@@ -338,18 +415,35 @@ def tree_trav_model(forest: Forest) -> onnx.ModelProto:
     Per level the flattened node index [N*T] is looked up in four node tables; the fuser
     has to decide whether to recompute or materialise that index for its four readers.
     """
-    g = GraphBuilder(f"tree_trav_d{forest.depth}")
-    x = _tree_input(g, forest)
-    for name, table in _tree_trav_tables(forest).items():
-        g.const(name, table)
+    return _tree_trav_program(f"tree_trav_d{forest.depth}", _tree_trav_tables(forest), forest.n_trees,
+                              forest.depth, forest.n_features, forest.n_classes,
+                              doc=f"Hummingbird tree_trav, {forest.n_trees} trees, depth {forest.depth}")
+
+
+def _tree_trav_program(name: str, tables: dict[str, np.ndarray], n_trees: int, depth: int, n_features: int,
+                       n_classes: int, doc: str) -> onnx.ModelProto:
+    shape = _ForestShape(n_trees, n_features, n_classes)
+    g = GraphBuilder(name)
+    x = _tree_input(g, shape)
+    for table_name, table in tables.items():
+        g.const(table_name, table)
     g.const("flat_shape", np.array([-1], dtype=np.int64))
-    g.const("per_tree_shape", np.array([-1, forest.n_trees], dtype=np.int64))
-    indexes = _initial_indexes(g, x, forest.n_trees)
-    for _ in range(forest.depth):
+    g.const("per_tree_shape", np.array([-1, n_trees], dtype=np.int64))
+    indexes = _initial_indexes(g, x, n_trees)
+    for _ in range(depth):
         indexes = _tree_trav_level(g, x, indexes)
     leaf_rows = g.op("Gather", ["nodes_values", indexes], "leaf_rows")
-    _classifier_head(g, leaf_rows, forest)
-    return g.model(doc=f"Hummingbird tree_trav, {forest.n_trees} trees, depth {forest.depth}")
+    _classifier_head(g, leaf_rows, shape)
+    return g.model(doc=doc)
+
+
+@dataclass(frozen=True)
+class _ForestShape:
+    """What the input and head of a tree program need to know about a forest."""
+
+    n_trees: int
+    n_features: int
+    n_classes: int
 
 
 def _perfect_level_order(depth_level: int) -> np.ndarray:

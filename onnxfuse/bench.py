@@ -193,17 +193,31 @@ def has_symbolic_batch(specs: Sequence[InputSpec]) -> bool:
 
 # -- contenders ---------------------------------------------------------------------------------
 
+def timing_session_options(threads: int):
+    """Options for sessions timed side by side in one process: no spinning pool threads.
+
+    An idle session's pool threads spin after each call; on a machine with as many cores as
+    threads they steal cores from the session being timed next (seen: two runs of the very same
+    graph at 2 threads differing 1.7x). Every contender gets the same setting.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
 def ort_contender(name: str, model_path, feeds: dict[str, np.ndarray], threads: int) -> Contender:
     """onnxruntime with all graph optimizations; loads an onnxfuse library if the model names one."""
     import onnxruntime as ort
 
     from .session import InferenceSession
 
-    options = ort.SessionOptions()
+    options = timing_session_options(threads)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    options.log_severity_level = 3
     session = InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     wanted = {i.name for i in session.get_inputs()}
@@ -426,7 +440,7 @@ def _optimize(model_path: Path, out_path: Path, options: BenchOptions) -> tuple[
 
     started = time.perf_counter()
     optimized = optimize(model_path, out_path, cache_dir=options.cache_dir or True, select=options.select,
-                         select_batches=options.batches, threads=options.threads[0])
+                         select_batches=options.batches, threads=options.threads)
     report = optimized.report
     summary = {"seconds": round(time.perf_counter() - started, 3),
                **{k: report[k] for k in ("groups_total", "groups_compiled", "groups_cached", "groups_fallback",

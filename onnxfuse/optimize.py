@@ -106,7 +106,7 @@ def optimize(
     verify: bool = True,
     select: str = "auto",
     select_batches: tuple[int, ...] = (1, 64),
-    threads: int = 1,
+    threads: int | tuple[int, ...] = 1,
     compile_timeout: float | None = None,
     progress=None,
 ) -> OptimizeResult:
@@ -117,7 +117,7 @@ def optimize(
     select: "auto" (deterministic) compiles every group except those with an op onnxruntime still
     runs much faster (convolutions, pooling: see OpInfo.competitive); "all" compiles every group;
     "measured" keeps a kernel only if it is not slower than onnxruntime on the group's own nodes
-    at each of `select_batches` (symbolic dims) with `threads` intra-op threads.
+    at each of `select_batches` (symbolic dims) and each of `threads` (intra-op thread counts).
     compile_timeout: seconds one group may take to compile and verify before it falls back.
     """
     if select not in SELECTIONS:
@@ -140,7 +140,8 @@ def optimize(
         outcomes = _compile_groups(graph, plan, tgt, cache, Path(build_dir), jobs, verify, compile_timeout, progress,
                                    skip_uncompetitive=select == "auto")
         if select == "measured":
-            _select_measured(graph, outcomes, tgt, Path(build_dir), select_batches, threads, progress)
+            thread_counts = (threads,) if isinstance(threads, int) else tuple(threads)
+            _select_measured(graph, outcomes, tgt, Path(build_dir), select_batches, thread_counts, progress)
         fused = [(o.group, o.kernel) for o in outcomes if o.kernel is not None]
         out_path.parent.mkdir(parents=True, exist_ok=True)
         library = library_path_for(out_path) if fused else None
@@ -215,10 +216,10 @@ def _select_measured(graph, outcomes: list[GroupOutcome], tgt: Target, build_dir
             slowest = max(measurements, key=lambda m: m.kernel_us / m.onnxruntime_us)
             outcome.status, outcome.kernel = "fallback", None
             outcome.reason = (f"measured: onnxruntime is faster ({slowest.onnxruntime_us:.1f} µs vs "
-                              f"{slowest.kernel_us:.1f} µs at batch {slowest.batch})")
+                              f"{slowest.kernel_us:.1f} µs at batch {slowest.batch}, {slowest.threads} threads)")
         progress.note(f"{outcome.group.name}: " + ", ".join(
-            f"batch {m.batch}: kernel {m.kernel_us:.1f} µs vs onnxruntime {m.onnxruntime_us:.1f} µs" for m in measurements)
-            + ("" if outcome.kernel else " → onnxruntime kept"))
+            f"batch {m.batch}×{m.threads}t: kernel {m.kernel_us:.1f} µs vs onnxruntime {m.onnxruntime_us:.1f} µs"
+            for m in measurements) + ("" if outcome.kernel else " → onnxruntime kept"))
 
 
 def _run_compiles(pending: dict, tgt: Target, build_dir: Path, jobs: int | None, verify: bool, timeout: float | None):

@@ -27,11 +27,13 @@ ROUND_SECONDS = 0.004  # each contender runs about this long per round
 @dataclass(frozen=True)
 class Measurement:
     batch: int  # the value given to every symbolic dimension
+    threads: int  # onnxruntime intra-op threads
     kernel_us: float
     onnxruntime_us: float
 
     def to_json(self) -> dict:
-        return {"batch": self.batch, "kernel_us": round(self.kernel_us, 2), "onnxruntime_us": round(self.onnxruntime_us, 2)}
+        return {"batch": self.batch, "threads": self.threads, "kernel_us": round(self.kernel_us, 2),
+                "onnxruntime_us": round(self.onnxruntime_us, 2)}
 
 
 def kernel_model(group: FusedGroup, kernel: GroupKernel, group_model: onnx.ModelProto) -> onnx.ModelProto:
@@ -51,30 +53,29 @@ def measure_group(
     group_model: onnx.ModelProto,
     library: Path,
     batches: tuple[int, ...] = (1, 64),
-    threads: int = 1,
+    threads: tuple[int, ...] = (1,),
 ) -> list[Measurement]:
+    """Kernel vs onnxruntime on the group at every batch size (symbolic dims) and thread count."""
     import onnxruntime as ort
 
+    from .bench import timing_session_options
     from .feeds import random_feeds_for_session
 
-    def options(with_library: bool):
-        o = ort.SessionOptions()
-        o.intra_op_num_threads = threads
-        o.log_severity_level = 3
-        if with_library:
-            o.register_custom_ops_library(str(library))
-        return o
-
-    fused = ort.InferenceSession(kernel_model(group, kernel, group_model).SerializeToString(), options(True),
-                                 providers=["CPUExecutionProvider"])
-    original = ort.InferenceSession(group_model.SerializeToString(), options(False), providers=["CPUExecutionProvider"])
-    symbolic = any(isinstance(d, str) or d is None for i in original.get_inputs() for d in i.shape)
+    kernel_bytes = kernel_model(group, kernel, group_model).SerializeToString()
+    reference_bytes = group_model.SerializeToString()
     results = []
-    for batch in (batches if symbolic else batches[:1]):
-        feeds = random_feeds_for_session(original, default_dim=batch, seed=batch)
-        calls = [lambda: fused.run(None, feeds), lambda: original.run(None, feeds)]
-        kernel_s, ort_s = clearly_slower(*calls) or alternate_medians(calls)
-        results.append(Measurement(batch, kernel_s * 1e6, ort_s * 1e6))
+    for n_threads in threads:
+        with_library = timing_session_options(n_threads)
+        with_library.register_custom_ops_library(str(library))
+        fused = ort.InferenceSession(kernel_bytes, with_library, providers=["CPUExecutionProvider"])
+        original = ort.InferenceSession(reference_bytes, timing_session_options(n_threads),
+                                        providers=["CPUExecutionProvider"])
+        symbolic = any(isinstance(d, str) or d is None for i in original.get_inputs() for d in i.shape)
+        for batch in (batches if symbolic else batches[:1]):
+            feeds = random_feeds_for_session(original, default_dim=batch, seed=batch)
+            calls = [lambda: fused.run(None, feeds), lambda: original.run(None, feeds)]
+            kernel_s, ort_s = clearly_slower(*calls) or alternate_medians(calls)
+            results.append(Measurement(batch, n_threads, kernel_s * 1e6, ort_s * 1e6))
     return results
 
 

@@ -196,6 +196,19 @@ def test_tree_programs_multiclass(builder):
     np.testing.assert_array_equal(label, expected.argmax(axis=1))
 
 
+@pytest.mark.parametrize("depth", [1, 5, 32])
+def test_spine_tree_program_matches_numpy_traversal(depth):
+    forest = mm.make_spine_forest(7, depth, 28, n_classes=3, seed=depth)
+    assert forest.features.shape == (7, 2 * depth + 1)
+    x = _forest_inputs(forest)
+    model = mm.spine_tree_trav_model(forest)
+    assert sum(n.op_type == "GatherElements" for n in model.graph.node) == depth  # one per level
+    label, proba = _session(model).run(None, {"X": x})
+    expected = mm.spine_forest_predict_proba(forest, x)
+    np.testing.assert_allclose(proba, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(label, expected.argmax(axis=1))
+
+
 @pytest.mark.parametrize("depth", [3, 8])
 def test_bundled_tree_files_agree_with_their_forest(depth):
     forest = mm.bundled_forest(depth)

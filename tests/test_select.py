@@ -12,8 +12,8 @@ from test_optimize import MODELS, assert_outputs_match, random_inputs
 
 
 def test_a_kernel_must_win_at_every_batch():
-    assert kernel_is_faster([Measurement(1, 5.0, 6.0), Measurement(64, 50.0, 50.0)])
-    assert not kernel_is_faster([Measurement(1, 5.0, 6.0), Measurement(64, 51.0, 50.0)])
+    assert kernel_is_faster([Measurement(1, 1, 5.0, 6.0), Measurement(64, 1, 50.0, 50.0)])
+    assert not kernel_is_faster([Measurement(1, 1, 5.0, 6.0), Measurement(64, 2, 51.0, 50.0)])
 
 
 def test_contenders_run_in_alternating_rounds():
@@ -27,10 +27,10 @@ def test_contenders_run_in_alternating_rounds():
 def test_measured_selection_records_both_times_and_keeps_results_correct(tmp_path):
     source = MODELS / "transformer_mlp.onnx"
     result = optimize(source, tmp_path / "t.fused.onnx", cache_dir=tmp_path / "cache", jobs=1,
-                      select="measured", select_batches=(1, 4))
+                      select="measured", select_batches=(1, 4), threads=(1, 2))
     for group in result.report["groups"]:
         measured = group["measured"]
-        assert [m["batch"] for m in measured] == [1, 4]
+        assert [(m["batch"], m["threads"]) for m in measured] == [(1, 1), (4, 1), (1, 2), (4, 2)]
         kept = group["status"] in ("compiled", "cached")
         assert kept == all(m["kernel_us"] <= m["onnxruntime_us"] for m in measured)
         if not kept:
