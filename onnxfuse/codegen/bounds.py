@@ -77,25 +77,11 @@ def _guarded(block, conditions, what: str):
     )
 
 
-def _leaf_blocks(sch):
-    found = []
-
-    def walk(block_rv):
-        children = list(sch.get_child_blocks(block_rv))
-        if not children:
-            found.append(block_rv)
-        for child in children:
-            walk(child)
-
-    walk(sch.get_sblock("root"))
-    return found
-
-
 def add_index_checks(func, what: str = "kernel"):
     """Returns (func with asserts before every data-dependent load, number of guarded blocks)."""
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     guarded = 0
-    for block_rv in _leaf_blocks(sch):
+    for block_rv in tir_walk.leaf_blocks(sch):
         block = sch.get(block_rv)
         if not hasattr(block.body, "value"):
             continue

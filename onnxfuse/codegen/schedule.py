@@ -412,28 +412,12 @@ def schedule_reduction(sch, stats: ScheduleStats, block_rv) -> None:
 
 
 def schedule_loop_nests(sch, stats: ScheduleStats) -> None:
-    for block_rv in _blocks_recursive(sch):
+    for block_rv in tir_walk.leaf_blocks(sch):
         block = sch.get(block_rv)
         if _is_reduction(block):
             schedule_reduction(sch, stats, block_rv)
         elif block.body is not None and hasattr(block.body, "value"):
             vectorize_elementwise(sch, stats, block_rv)
-
-
-def _blocks_recursive(sch):
-    """All leaf blocks, including those moved under loops by compute_at."""
-    found = []
-
-    def walk(block_rv):
-        children = list(sch.get_child_blocks(block_rv))
-        if not children:
-            found.append(block_rv)
-        for child in children:
-            walk(child)
-
-    for top in sch.get_child_blocks(sch.get_sblock("root")):
-        walk(top)
-    return found
 
 
 # ---------------------------------------------------------------- entry point
@@ -482,7 +466,7 @@ def hint_tail_partition(sch, stats: ScheduleStats) -> None:
     whole tile (32 rows of a matmul for one real row: 13 us instead of 2 us at batch 1).
     Partitioning gives a predicate-free part, a short mixed part, and drops the dead part.
     Only for GEMM groups: on a depth-8 tree chain it tripled LLVM time (1.3 s -> 4.5 s)."""
-    for block_rv in _blocks_recursive(sch):
+    for block_rv in tir_walk.leaf_blocks(sch):
         for loop in list(sch.get_loops(block_rv))[1:]:
             node = sch.get(loop)
             if node.kind != tvm.tirx.ForKind.SERIAL or _static(node.extent) in (None, 1) or "pragma_loop_partition_hint" in node.annotations:

@@ -61,3 +61,20 @@ def is_index_copy(block) -> bool:
     if block.init is not None or not isinstance(getattr(body, "value", None), TensorLoad):
         return False
     return not any(contains_load(i) for i in body.value.indices)
+
+
+def leaf_blocks(sch) -> list:
+    """Every leaf block of a schedule (blocks with no child blocks), including those moved under
+    loops by compute_at, in program order."""
+    found = []
+
+    def walk(block_rv):
+        children = list(sch.get_child_blocks(block_rv))
+        if not children:
+            found.append(block_rv)
+        for child in children:
+            walk(child)
+
+    for top in sch.get_child_blocks(sch.get_sblock("root")):
+        walk(top)
+    return found
