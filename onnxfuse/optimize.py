@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 
 from .cache import KernelCache, default_cache_dir, group_key, kernel_name
-from .errors import CompileError, OnnxfuseError, UsageError
+from .errors import CompileError, UsageError
 from .extract import extract_group
 from .fusion.partition import FusionOptions
 from .fusion.plan import FusedGroup, FusionPlan, plan_fusion

@@ -198,7 +198,6 @@ class Partitioner:
 
     # -- reporting helpers -------------------------------------------------------------------------
     def _distinct_inputs(self, members: list[int]) -> int:
-        graph = self.fg.graph
         nodes = [self.fg.nodes[m].node for m in members]
         produced = {o for n in nodes for o in n.outputs}
         return len({i for n in nodes for i in n.inputs if i and i not in produced})
