@@ -122,7 +122,7 @@ def race(contenders: Sequence[Contender], reference: dict[str, np.ndarray], roun
         if once * MIN_ROUNDS > budget_seconds:  # too slow for rounds: its one timed call is the result
             results[contender.name] = Timing(once, once, once, rounds=1, calls_per_round=1)
             continue
-        reps = max(1, min(10_000, int(round_seconds / once)))
+        reps = calls_per_round(once, round_seconds)
         timed.append((contender, reps))
         round_cost += reps * once
     rounds = max(min(rounds, MIN_ROUNDS), min(rounds, int(budget_seconds / max(round_cost, 1e-9))))
@@ -132,6 +132,11 @@ def race(contenders: Sequence[Contender], reference: dict[str, np.ndarray], roun
         p10, p90 = np.percentile(s, [10, 90])
         results[contender.name] = Timing(statistics.median(s), float(p10), float(p90), rounds, reps)
     return {c.name: results[c.name] for c in contenders}
+
+
+def calls_per_round(once: float, round_seconds: float) -> int:
+    """How many calls of `once` seconds fill one round (at least 1, at most 10,000)."""
+    return max(1, min(10_000, int(round_seconds / max(once, 1e-7))))
 
 
 def alternating_rounds(calls: Sequence[Callable[[], object]], reps: Sequence[int], rounds: int) -> list[list[float]]:
@@ -200,11 +205,10 @@ def timing_session_options(threads: int):
     threads they steal cores from the session being timed next (seen: two runs of the very same
     graph at 2 threads differing 1.7x). Every contender gets the same setting.
     """
-    import onnxruntime as ort
+    from .verify import quiet_session_options
 
-    options = ort.SessionOptions()
+    options = quiet_session_options()
     options.intra_op_num_threads = threads
-    options.log_severity_level = 3
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
 

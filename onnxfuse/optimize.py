@@ -122,6 +122,8 @@ def optimize(
     """
     if select not in SELECTIONS:
         raise UsageError(f"unknown selection {select!r}; choose one of {', '.join(SELECTIONS)}")
+    if select == "measured" and target == "aarch64":
+        raise UsageError("--select measured needs kernels this machine can run; not with --target aarch64")
     started = time.perf_counter()
     tgt = resolve_target(target, mcpu, mattr)
     tgt.require_toolchain()
@@ -132,9 +134,6 @@ def optimize(
     plan = plan_fusion(graph, options)
     cache = KernelCache(default_cache_dir() if cache_dir is True else (Path(cache_dir) if cache_dir else None))
     progress = progress or Progress(enabled=False)
-
-    if select == "measured" and tgt.name == "aarch64":
-        raise UsageError("--select measured needs kernels this machine can run; not with --target aarch64")
 
     with tempfile.TemporaryDirectory(prefix="onnxfuse-build-") as build_dir:
         outcomes = _compile_groups(graph, plan, tgt, cache, Path(build_dir), jobs, verify, compile_timeout, progress,

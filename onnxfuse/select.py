@@ -22,6 +22,7 @@ from .package import GroupKernel, custom_op_node
 
 ROUNDS = 15
 ROUND_SECONDS = 0.004  # each contender runs about this long per round
+CLEARLY_SLOWER = 3.0
 
 
 @dataclass(frozen=True)
@@ -74,39 +75,34 @@ def measure_group(
         for batch in (batches if symbolic else batches[:1]):
             feeds = random_feeds_for_session(original, default_dim=batch, seed=batch)
             calls = [lambda: fused.run(None, feeds), lambda: original.run(None, feeds)]
-            kernel_s, ort_s = clearly_slower(*calls) or alternate_medians(calls)
+            once = [best_of_three(call) for call in calls]
+            # Over CLEARLY_SLOWER times slower needs no careful rounds (a 50x slower convolution
+            # would otherwise cost seconds per group to measure).
+            clear = once[0] > CLEARLY_SLOWER * once[1]
+            kernel_s, ort_s = once if clear else alternate_medians(calls, once)
             results.append(Measurement(batch, n_threads, kernel_s * 1e6, ort_s * 1e6))
     return results
 
 
-def alternate_medians(contenders, rounds: int = ROUNDS, round_seconds: float = ROUND_SECONDS) -> list[float]:
-    """Median seconds per call of each contender, timed in alternating rounds (bench's timer)."""
-    from .bench import alternating_rounds
+def alternate_medians(contenders, once: list[float], rounds: int = ROUNDS,
+                      round_seconds: float = ROUND_SECONDS) -> list[float]:
+    """Median seconds per call of each contender, timed in alternating rounds (bench's timer);
+    `once` is one call's seconds per contender, to size the rounds."""
+    from .bench import alternating_rounds, calls_per_round
 
-    reps = []
-    for run in contenders:  # warm up and size each round
-        run()
-        start = time.perf_counter()
-        run()
-        once = max(time.perf_counter() - start, 1e-7)
-        reps.append(max(1, min(1000, int(round_seconds / once))))
+    reps = [calls_per_round(o, round_seconds) for o in once]
     return [statistics.median(s) for s in alternating_rounds(contenders, reps, rounds)]
 
 
-def clearly_slower(kernel, reference, factor: float = 3.0) -> tuple[float, float] | None:
-    """Best-of-3 times when the kernel is over `factor` times slower: no need for careful rounds
-    (a 50x slower convolution would otherwise cost seconds per group to measure)."""
-    def best(run):
+def best_of_three(run) -> float:
+    """Seconds of the fastest of three calls, after a warm-up call."""
+    run()
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
         run()
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    k, r = best(kernel), best(reference)
-    return (k, r) if k > factor * r else None
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
 def kernel_is_faster(measurements: list[Measurement]) -> bool:

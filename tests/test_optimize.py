@@ -20,7 +20,7 @@ import onnxfuse
 from onnx_builder import model, node
 from onnxfuse.errors import CompileError
 from onnxfuse.optimize import optimize
-from onnxfuse.verify import compare_arrays
+from onnxfuse.verify import compare_arrays, quiet_session_options
 from onnxfuse_cli.main import main
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
@@ -33,15 +33,9 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("kernel-cache")
 
 
-def quiet():
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return options
-
-
 def run_both(original: Path, fused: Path, feeds: dict) -> tuple[list, list]:
-    reference = ort.InferenceSession(str(original), quiet(), providers=["CPUExecutionProvider"])
-    candidate = onnxfuse.InferenceSession(str(fused), quiet(), providers=["CPUExecutionProvider"])
+    reference = ort.InferenceSession(str(original), quiet_session_options(), providers=["CPUExecutionProvider"])
+    candidate = onnxfuse.InferenceSession(str(fused), quiet_session_options(), providers=["CPUExecutionProvider"])
     return reference.run(None, feeds), candidate.run(None, feeds)
 
 
@@ -233,7 +227,7 @@ def test_light_model_reproduces_shipped_outputs(path, tmp_path, cache):
 
 def _ort_can_run(model_dir: Path) -> bool:
     try:
-        ort.InferenceSession(str(model_dir / "model.onnx"), quiet(), providers=["CPUExecutionProvider"])
+        ort.InferenceSession(str(model_dir / "model.onnx"), quiet_session_options(), providers=["CPUExecutionProvider"])
         return True
     except Exception:
         return False
@@ -251,7 +245,7 @@ def test_pytorch_operator_model_reproduces_shipped_outputs(model_dir, tmp_path, 
     data = sorted(model_dir.glob("test_data_set_*"))[0]
     inputs = [numpy_helper.to_array(onnx.load_tensor(str(p))) for p in sorted(data.glob("input_*.pb"))]
     outputs = [numpy_helper.to_array(onnx.load_tensor(str(p))) for p in sorted(data.glob("output_*.pb"))]
-    session = onnxfuse.InferenceSession(str(result.model_path), quiet(), providers=["CPUExecutionProvider"])
+    session = onnxfuse.InferenceSession(str(result.model_path), quiet_session_options(), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     actual = session.run(None, dict(zip(names, inputs)))
     assert_outputs_match(outputs, actual, rtol=1e-3, atol=1e-5)

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import onnxruntime as ort
-
-import onnxfuse
 from onnxfuse.optimize import optimize
 from onnxfuse.select import Measurement, alternate_medians, kernel_is_faster
-from test_optimize import MODELS, assert_outputs_match, random_inputs
+from test_optimize import MODELS, assert_outputs_match, random_inputs, run_both
 
 
 def test_a_kernel_must_win_at_every_batch():
@@ -17,10 +14,10 @@ def test_a_kernel_must_win_at_every_batch():
 
 def test_contenders_run_in_alternating_rounds():
     calls = []
-    medians = alternate_medians([lambda: calls.append("a"), lambda: calls.append("b")], rounds=3, round_seconds=0.0)
+    medians = alternate_medians([lambda: calls.append("a"), lambda: calls.append("b")], once=[1.0, 1.0],
+                                rounds=3, round_seconds=0.0)
     assert len(medians) == 2 and all(m >= 0 for m in medians)
-    timed = calls[4:]  # after two warm-up calls each
-    assert timed == ["a", "b"] * 3
+    assert calls == ["a", "b"] * 3
 
 
 def test_measured_selection_records_both_times_and_keeps_results_correct(tmp_path):
@@ -34,9 +31,14 @@ def test_measured_selection_records_both_times_and_keeps_results_correct(tmp_pat
         assert kept == all(m["kernel_us"] <= m["onnxruntime_us"] for m in measured)
         if not kept:
             assert group["reason"].startswith("measured: onnxruntime is faster")
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    feeds = random_inputs(source, 3)
-    expected = ort.InferenceSession(str(source), options).run(None, feeds)
-    actual = onnxfuse.InferenceSession(str(result.model_path), options).run(None, feeds)
+    expected, actual = run_both(source, result.model_path, random_inputs(source, 3))
     assert_outputs_match(expected, actual)
+
+
+def test_measured_selection_refuses_kernels_this_machine_cannot_run(tmp_path):
+    import pytest
+
+    from onnxfuse.errors import UsageError
+
+    with pytest.raises(UsageError, match="measured"):
+        optimize(tmp_path / "not-even-read.onnx", tmp_path / "o.onnx", target="aarch64", select="measured")
