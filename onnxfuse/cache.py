@@ -78,6 +78,7 @@ class KernelCache:
                 inputs=tuple(TensorSpec(t["dtype"], tuple(t["shape"])) for t in meta["inputs"]),
                 outputs=tuple(TensorSpec(t["dtype"], tuple(t["shape"])) for t in meta["outputs"]),
                 object_file=str(entry / OBJECT),
+                small_batch_below=int(meta.get("small_batch_below", 0)),
             )
             if not (entry / OBJECT).is_file():
                 return None
@@ -102,6 +103,7 @@ class KernelCache:
                 "inputs": [{"dtype": t.dtype, "shape": list(t.shape)} for t in kernel.spec.inputs],
                 "outputs": [{"dtype": t.dtype, "shape": list(t.shape)} for t in kernel.spec.outputs],
                 "arg_sources": list(kernel.arg_sources),
+                "small_batch_below": kernel.spec.small_batch_below,
                 "info": info,
             }
             (staging / META).write_text(json.dumps(meta, indent=1))

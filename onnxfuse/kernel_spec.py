@@ -62,12 +62,22 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """One compiled kernel: `__tvm_ffi_<name>` in `object_file`, called as (inputs..., outputs...)."""
+    """One compiled kernel: `__tvm_ffi_<name>` in `object_file`, called as (inputs..., outputs...).
+
+    small_batch_below > 0: the object also holds `__tvm_ffi_<name>_small`, the same computation
+    scheduled for small batches, which the runtime calls when the product of the symbolic dims
+    is below that value."""
 
     name: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     object_file: str
+    small_batch_below: int = 0
+
+    @property
+    def small_name(self) -> str:
+        """The small-batch variant's name (meaningful only if small_batch_below > 0)."""
+        return f"{self.name}_small"
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():

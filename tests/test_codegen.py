@@ -369,6 +369,22 @@ def test_lstm_cell_register_tiled_and_fully_tiled(tmp_path, target):
     assert not [s for s in cg.stats["skipped_steps"] if "compute_at" in s], cg.stats["skipped_steps"]
 
 
+def test_gemm_over_symbolic_batch_gets_a_small_batch_variant(tmp_path, target):
+    """A GEMM group over a symbolic batch carries `<name>_small` (one row per tile, no ragged-tail
+    predicates in its reduction) for batches below 8; CompiledGroup.run picks the variant as the
+    runtime does, so every batch from 1 to 17 checks one side of the switch or the other."""
+    from onnxfuse.codegen import schedule
+
+    model = lstm_cell_model()
+    cg = compile_and_check(model, tmp_path, target, name="cell_variants", batches=range(1, 18))
+    assert cg.spec.small_batch_below == schedule.SMALL_BATCH_ROWS
+    assert cg.stats["small_batch_variant_below"] == schedule.SMALL_BATCH_ROWS
+    static = make_model(model.graph.node, [f32("x", [3, 24]), f32("h", [3, 16]), f32("c", [3, 16])],
+                        [f32("h_out", [3, 16]), f32("c_out", [3, 16])],
+                        {i.name: nh.to_array(i) for i in model.graph.initializer}, opset=18)
+    assert compile_and_check(static, tmp_path, target, name="cell_static").spec.small_batch_below == 0
+
+
 def test_static_batch_gemm_epilogue(tmp_path, target):
     rng = np.random.default_rng(8)
     nodes = [

@@ -2,7 +2,9 @@
 
 Stages (each failure is a one-line `CompileError("<stage>: <reason>")`):
 import (ONNX → Relax → one PrimFunc, relax_import.py) → schedule (schedule.py; never fails, it
-degrades) → bounds (bounds.py: checks on data-dependent indices) → build (LLVM object file).
+degrades; then bounds.py adds checks on data-dependent indices) → build (LLVM object file).
+A GEMM group over a symbolic batch gets a second function in the same object, `<name>_small`,
+scheduled for batches below schedule.SMALL_BATCH_ROWS (see schedule.needs_small_batch_variant).
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ class CompiledGroup:
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Runs the kernel in-process with TVM's runtime (for verification against onnxruntime)."""
-        kernel = self._kernel()
         values = self._argument_values(feeds)
         bindings = _bind_symbols(self.spec.inputs, values)
+        kernel = self._kernel(bindings)
         args = [tvm.runtime.tensor(np.require(v, requirements="C")) for v in values]
         outs = [tvm.runtime.empty(o.concrete(bindings), o.dtype) for o in self.spec.outputs]
         kernel(*args, *outs)
@@ -59,17 +61,18 @@ class CompiledGroup:
             values.append(value.astype(tensor.dtype, copy=False))
         return values
 
-    def _kernel(self):
-        """The same schedule and index checks, with a serial tile loop, built for the host CPU (the
-        object file may be for another target; see schedule_group for why serial)."""
+    def _kernel(self, bindings: dict[str, int]):
+        """The variant the runtime would call for these dims (see KernelSpec.small_batch_below),
+        with the same schedule and index checks but a serial tile loop, built for the host CPU
+        (the object file may be for another target; see schedule_group for why serial)."""
         if self._host_kernel is None:
             max_duplication = self.stats.get("max_duplication", schedule.DEFAULT_MAX_DUPLICATION)
-            scheduled, _ = _schedule_or_plain(self._fused, allow_parallel=False, max_duplication=max_duplication)
-            checked, _ = bounds.add_index_checks(scheduled, self.spec.name)
-            func = checked.with_attr("global_symbol", self.spec.name)
-            ex = build(func, self.spec.name, tvm.target.Target({"kind": "llvm"}))
-            self._host_kernel = ex.mod[self.spec.name]
-        return self._host_kernel
+            funcs = _variants(self._fused, self.spec.name, max_duplication, bool(self.spec.small_batch_below),
+                              allow_parallel=False)[0]
+            ex = build_module(funcs, tvm.target.Target({"kind": "llvm"}))
+            self._host_kernel = {name: ex.mod[name] for name in funcs}
+        small = self.spec.small_batch_below and int(np.prod(list(bindings.values()))) < self.spec.small_batch_below
+        return self._host_kernel[self.spec.small_name if small else self.spec.name]
 
 
 def _bind_symbols(specs, values) -> dict[str, int]:
@@ -102,16 +105,33 @@ def _stage(name: str, stats: dict, fn):
 BUILD_CONFIG = {"s_tir.LoopPartition": {"partition_const_loop": True}}
 
 
-def build(func, name: str, tvm_target):
+def build_module(funcs: dict, tvm_target):
+    """Builds PrimFuncs (name → func, each with its global_symbol) into one module."""
     with tvm.transform.PassContext(opt_level=3, config=BUILD_CONFIG):
-        return tvm.compile(tvm.IRModule({name: func}), target=tvm_target)
+        return tvm.compile(tvm.IRModule(funcs), target=tvm_target)
 
 
-def build_object(func, name: str, target: Target, out_dir: pathlib.Path) -> pathlib.Path:
+def build_object(funcs: dict, name: str, target: Target, out_dir: pathlib.Path) -> pathlib.Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.o"
-    build(func, name, target.tvm_target()).mod.write_to_file(str(path))
+    build_module(funcs, target.tvm_target()).mod.write_to_file(str(path))
     return path
+
+
+def _variants(fused, name: str, max_duplication: int, small_variant: bool | None, allow_parallel: bool = True):
+    """The kernel's functions (name → scheduled, index-checked PrimFunc), the main schedule's
+    stats and the number of index checks. small_variant=None decides by the main schedule
+    (schedule.needs_small_batch_variant); the variant is `<name>_small`."""
+    scheduled, stats = _schedule_or_plain(fused, allow_parallel, max_duplication=max_duplication)
+    checked, n_checks = bounds.add_index_checks(scheduled, name)
+    funcs = {name: checked.with_attr("global_symbol", name)}
+    if small_variant is None:
+        small_variant = schedule.needs_small_batch_variant(stats)
+    if small_variant:
+        small, _ = _schedule_or_plain(fused, allow_parallel, max_duplication=max_duplication, small_batch=True)
+        small_checked, _ = bounds.add_index_checks(small, f"{name}_small")
+        funcs[f"{name}_small"] = small_checked.with_attr("global_symbol", f"{name}_small")
+    return funcs, stats, n_checks
 
 
 def compile_group(
@@ -132,28 +152,29 @@ def compile_group(
         raise CompileError(f"name: {name!r} is not a C identifier")
     stats: dict = {}
     group = _stage("import", stats, lambda: relax_import.import_group(model, name))
-    scheduled, sched_stats = _stage("schedule", stats, lambda: _schedule_or_plain(group.prim_func, max_duplication=max_duplication))
-    checked, n_checks = _stage("bounds", stats, lambda: bounds.add_index_checks(scheduled, name))
-    func = checked.with_attr("global_symbol", name)
-    obj = _stage("build", stats, lambda: build_object(func, name, target, pathlib.Path(out_dir)))
+    funcs, sched_stats, n_checks = _stage("schedule", stats, lambda: _variants(group.prim_func, name, max_duplication, None))
+    obj = _stage("build", stats, lambda: build_object(funcs, name, target, pathlib.Path(out_dir)))
     stats.update(sched_stats.as_dict())
     stats["max_duplication"] = max_duplication
     stats["index_checks"] = n_checks
+    small_below = schedule.SMALL_BATCH_ROWS if len(funcs) > 1 else 0
+    stats["small_batch_variant_below"] = small_below
     stats["fused_prim_funcs"] = 1  # import_group fails unless main calls exactly one PrimFunc
 
     inputs = tuple(TensorSpec(dtype, dims) for dtype, dims in group.input_types)
     outputs = tuple(TensorSpec(dtype, dims) for dtype, dims in group.output_types)
     try:
-        spec = KernelSpec(name, inputs, outputs, str(obj))
+        spec = KernelSpec(name, inputs, outputs, str(obj), small_batch_below=small_below)
     except ValueError as exc:
         raise CompileError(f"spec: {exc}") from exc
     return CompiledGroup(spec, tuple(group.arg_sources), dict(group.extra_weights), stats, model, group.prim_func)
 
 
-def _schedule_or_plain(func, allow_parallel: bool = True, max_duplication: int = schedule.DEFAULT_MAX_DUPLICATION):
+def _schedule_or_plain(func, allow_parallel: bool = True, max_duplication: int = schedule.DEFAULT_MAX_DUPLICATION,
+                       small_batch: bool = False):
     """The tuned schedule, or (if TVM rejects it as a whole) the unscheduled function."""
     try:
-        return schedule.schedule_group(func, allow_parallel, max_duplication)
+        return schedule.schedule_group(func, allow_parallel, max_duplication, small_batch)
     except Exception as exc:  # a last-resort fallback: a valid kernel beats no kernel
         stats = schedule.ScheduleStats(skipped_steps=[f"whole schedule: {_short(exc)}"])
         return func, stats

@@ -40,7 +40,8 @@ MAX_TILE_ROWS = 256
 PARALLEL_MIN_ELEMENTS = 1 << 16  # static batches smaller than this stay single-threaded
 MATMUL_ROW_UNROLL = 4  # rows of the register tile
 GEMM_TILE_ROWS = 8  # row tile of a group with a GEMM: 4 was slower at batch 64, 32 costs 2 us at batch 1
-MAX_TILE_COL_VECTORS = 4  # column vectors of the register tile
+MAX_TILE_COL_VECTORS = 4  # column vectors of the register tile (a one-row tile takes more)
+SMALL_BATCH_ROWS = GEMM_TILE_ROWS  # batches below this run a GEMM group's small-batch variant
 REGISTER_ACCUMULATORS = 16  # vector accumulators in the register tile (of 32 AVX-512 registers)
 
 DEFAULT_MAX_DUPLICATION = 1  # see inline_cheap_producers; measured on the tree chains below
@@ -57,6 +58,7 @@ class ScheduleStats:
     reductions_scheduled: int = 0
     parallel: bool = False
     tile_rows: int = 0
+    symbolic_rows: bool = False  # the row-tile loop runs over a symbolic (batch) extent
     materialized: int = 0  # blocks left after inlining: each computes its value once per tile
     max_copies: int = 0  # most copies of one inlined expression (<= max_duplication, index copies aside)
     skipped_steps: list[str] = field(default_factory=list)
@@ -152,13 +154,16 @@ def row_elements(sch) -> int:
     return widest
 
 
-def choose_tile_rows(batch: int | None, row_elements: int, gemm: bool = False) -> int:
+def choose_tile_rows(batch: int | None, row_elements: int, gemm: bool = False, small_batch: bool = False) -> int:
     """Rows per tile: enough to amortise per-tile loop overhead, few enough that the tile's
     intermediates stay in L1. A GEMM group uses one register tile of rows: its micro-kernel
     streams the weights once per register tile anyway, and a short ragged tile keeps batch 1
     cheap (a 32-row tail tile runs all 32 rows' loops under per-row predicates). Measured on
     the LSTM gate (64x192 weights): 8 rows gives 1.4 us at batch 1 (32 rows: 3.3 us) and the
-    same 17 us at batch 64."""
+    same 17 us at batch 64. The small-batch variant of a GEMM group uses one row per tile (see
+    needs_small_batch_variant)."""
+    if small_batch:
+        return 1
     rows = max(1, min(MAX_TILE_ROWS, TILE_ELEMENTS // max(1, row_elements)))
     rows = 1 << (rows.bit_length() - 1)  # a power of two
     if gemm:
@@ -184,7 +189,7 @@ def _sink_outputs(sch):
     return [b for b in outputs if not list(sch.get_consumers(b))] or outputs
 
 
-def tile_rows(sch, stats: ScheduleStats, row_elements: int):
+def tile_rows(sch, stats: ScheduleStats, row_elements: int, small_batch: bool = False):
     """Splits the outermost loop of every sink output into row tiles and merges those tile loops
     into one; returns (anchor names, tile loop, batch) or None."""
     outputs = _sink_outputs(sch)
@@ -192,8 +197,9 @@ def tile_rows(sch, stats: ScheduleStats, row_elements: int):
         return None
     extent = sch.get(sch.get_loops(outputs[0])[0]).extent
     batch = _static(extent)
-    rows = choose_tile_rows(batch, row_elements, any(_is_gemm(sch.get(b)) for b in _blocks(sch)))
+    rows = choose_tile_rows(batch, row_elements, any(_is_gemm(sch.get(b)) for b in _blocks(sch)), small_batch)
     stats.tile_rows = rows
+    stats.symbolic_rows = batch is None
     anchors, tile_loops = [], []
     for block_rv in outputs:
         loops = sch.get_loops(block_rv)
@@ -309,8 +315,11 @@ def _split(sch, stats, loop, factors, what):
 def _register_tile_shape(row_extent: int | None, col_vectors: int) -> tuple[int, int]:
     """(rows, column vectors) of the accumulator tile: at most REGISTER_ACCUMULATORS vectors,
     plus one weight vector per column vector and a broadcast, must fit the 32 AVX-512 registers
-    (LLVM halves the tile for 16-register targets by spilling little: the loads dominate there)."""
-    vectors = max(v for v in range(1, min(col_vectors, MAX_TILE_COL_VECTORS) + 1) if col_vectors % v == 0)
+    (LLVM halves the tile for 16-register targets by spilling little: the loads dominate there).
+    A single row (batch 1, a GEMV) reuses no weight vector across rows, so it takes all
+    REGISTER_ACCUMULATORS as column vectors: more independent FMAs per broadcast."""
+    widest = REGISTER_ACCUMULATORS if row_extent == 1 else MAX_TILE_COL_VECTORS
+    vectors = max(v for v in range(1, min(col_vectors, widest) + 1) if col_vectors % v == 0)
     rows = 1
     if row_extent is not None:
         for r in range(min(MATMUL_ROW_UNROLL, row_extent), 0, -1):
@@ -429,12 +438,14 @@ def simplify(func):
     return mod["main"]
 
 
-def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEFAULT_MAX_DUPLICATION) -> tuple[tvm.tirx.PrimFunc, ScheduleStats]:
+def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEFAULT_MAX_DUPLICATION,
+                   small_batch: bool = False) -> tuple[tvm.tirx.PrimFunc, ScheduleStats]:
     """Schedules the fused PrimFunc for CPU; never fails on a refused step (see module doc).
 
     allow_parallel=False gives the same schedule with a serial tile loop: in-process verification
     uses it, because TVM's own single-thread launcher ignores a failing task, so an index assert
-    inside a parallel loop would go unnoticed there."""
+    inside a parallel loop would go unnoticed there. small_batch=True gives the variant for
+    batches below SMALL_BATCH_ROWS (one row per tile, serial; see needs_small_batch_variant)."""
     stats = ScheduleStats()
     func = simplify(func)
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
@@ -442,7 +453,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     widest_row = row_elements(sch)
     inline_cheap_producers(sch, stats, max_duplication)
     separate_read_outputs(sch, stats)
-    tiled = tile_rows(sch, stats, widest_row)
+    tiled = tile_rows(sch, stats, widest_row, small_batch)
     if tiled is not None:
         anchors, outer, batch = tiled
         compute_under_tile(sch, stats, anchors, outer)
@@ -451,13 +462,25 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
         _try(stats, "partition hint", lambda: sch.annotate(outer, "pragma_loop_partition_hint", 1))
         total = (batch or 0) * widest_row
         # Parallel before decompose_reduction: TVM refuses to parallelize over a bare update block.
-        if allow_parallel and (batch is None or total >= PARALLEL_MIN_ELEMENTS):
+        if allow_parallel and not small_batch and (batch is None or total >= PARALLEL_MIN_ELEMENTS):
             if _try(stats, "parallel tiles", lambda: sch.parallel(outer)):
                 stats.parallel = True
     schedule_loop_nests(sch, stats)
     if tiled is not None and stats.tile_rows == GEMM_TILE_ROWS:
         hint_tail_partition(sch, stats)
     return sch.mod["main"], stats
+
+
+def needs_small_batch_variant(stats: ScheduleStats) -> bool:
+    """A GEMM group over a symbolic batch gets a second kernel for batches below SMALL_BATCH_ROWS.
+
+    Its row tiles hold GEMM_TILE_ROWS rows, so a smaller batch runs only the ragged tail tile,
+    whose per-row `row < N` predicates sit inside the reduction loop: LLVM then keeps the
+    accumulators in memory (a load, FMA, store chain per step). One row per tile has no ragged
+    tail and takes 16 accumulators in registers (LSTM cell at batch 1: 3.1 us -> 1.3 us), but
+    streams the weights once per row, which halves large-batch speed; so the runtime picks the
+    variant by batch."""
+    return stats.symbolic_rows and stats.tile_rows == GEMM_TILE_ROWS
 
 
 def hint_tail_partition(sch, stats: ScheduleStats) -> None:

@@ -2,7 +2,8 @@
 
 The glue (`onnxfuse_runtime.c`) is the same for every library; what differs is the kernel table,
 which this module writes as C (`onnxfuse_kernels.inc`, #included by the glue). The table holds,
-per kernel, its name, its `__tvm_ffi_<name>` entry point and the element type and shape of each
+per kernel, its name, its `__tvm_ffi_<name>` entry point (and `__tvm_ffi_<name>_small` with the
+batch below which the glue calls it, or NULL and 0) and the element type and shape of each
 input and output. A static dimension is stored as itself; a symbolic one as `-1 - k`, where k
 indexes the kernel's own list of symbol names (in order of first appearance in the inputs).
 
@@ -77,7 +78,11 @@ def kernel_table_source(kernels: Sequence[KernelSpec]) -> str:
         symbols = kernel_symbols(kernel)
         tensors = [*kernel.inputs, *kernel.outputs]
         dims = [encode_dim(d, symbols) for t in tensors for d in t.shape]
-        lines.append(f"int __tvm_ffi_{kernel.name}(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *ret);")
+        entry_points = [kernel.name] + ([kernel.small_name] if kernel.small_batch_below else [])
+        for entry in entry_points:
+            lines.append(f"int __tvm_ffi_{entry}(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *ret);")
+        small = (f"__tvm_ffi_{kernel.small_name}, {int(kernel.small_batch_below)}" if kernel.small_batch_below
+                 else "NULL, 0")
         if dims:
             lines.append(f"static const int64_t {prefix}_dims[] = {{{', '.join(map(str, dims))}}};")
         offset = 0
@@ -93,7 +98,7 @@ def kernel_table_source(kernels: Sequence[KernelSpec]) -> str:
         if symbols:
             lines.append(f"static const char *const {prefix}_symbols[] = {{{', '.join(map(c_string, symbols))}}};")
         entries.append(
-            f"    {{{c_string(kernel.name)}, __tvm_ffi_{kernel.name}, "
+            f"    {{{c_string(kernel.name)}, __tvm_ffi_{kernel.name}, {small}, "
             f"{len(kernel.inputs)}, {f'{prefix}_inputs' if kernel.inputs else 'NULL'}, "
             f"{len(kernel.outputs)}, {f'{prefix}_outputs' if kernel.outputs else 'NULL'}, "
             f"{len(symbols)}, {f'{prefix}_symbols' if symbols else 'NULL'}}},"

@@ -42,6 +42,8 @@ typedef struct {
 typedef struct {
     const char *name; /* the op_type, and __tvm_ffi_<name> */
     tvm_kernel_fn fn;
+    tvm_kernel_fn small_fn;   /* the same computation scheduled for small batches, or NULL */
+    int64_t small_batch_below; /* small_fn runs when the product of the symbolic dims is below this */
     int32_t num_inputs;
     const tensor_desc *inputs;
     int32_t num_outputs;
@@ -265,11 +267,22 @@ static OrtStatus *bind_outputs(const kernel_desc *k, OrtKernelContext *ctx, call
  * work (seen: 43 us instead of 16 us at batch 1 on 2 threads), so such calls run inline. */
 #define POOL_MIN_BATCH 16
 
-static int worth_the_pool(const kernel_desc *k, const call_frame *frame) {
-    if (k->num_symbols == 0) return 1; /* static shapes: codegen parallelizes only large work */
+/* The product of the symbolic dims (the batch, for the usual one symbol); -1 for static shapes. */
+static int64_t symbolic_batch(const kernel_desc *k, const call_frame *frame) {
+    if (k->num_symbols == 0) return -1;
     int64_t batch = 1;
     for (int32_t s = 0; s < k->num_symbols; s++) batch *= frame->bound[s].value;
-    return batch >= POOL_MIN_BATCH;
+    return batch;
+}
+
+static int worth_the_pool(int64_t batch) {
+    return batch < 0 /* static shapes: codegen parallelizes only large work */ || batch >= POOL_MIN_BATCH;
+}
+
+/* A GEMM kernel's main schedule tiles rows by 8; below that only its ragged tail tile runs, which
+ * is slow, so codegen adds a one-row-per-tile variant for small batches. */
+static tvm_kernel_fn variant_for(const kernel_desc *k, int64_t batch) {
+    return k->small_fn && batch >= 0 && batch < k->small_batch_below ? k->small_fn : k->fn;
 }
 
 static OrtStatus *call_kernel(const kernel_desc *k, const OrtKernelContext *ctx, call_frame *frame) {
@@ -281,8 +294,9 @@ static OrtStatus *call_kernel(const kernel_desc *k, const OrtKernelContext *ctx,
     TVMFFIAny result = {.type_index = TVM_FFI_NONE};
     last_error.message[0] = '\0';
     const OrtKernelContext *outer = current_context;
-    current_context = worth_the_pool(k, frame) ? ctx : NULL; /* NULL: parallel loops run inline */
-    int rc = k->fn(NULL, frame->args, count, &result);
+    int64_t batch = symbolic_batch(k, frame);
+    current_context = worth_the_pool(batch) ? ctx : NULL; /* NULL: parallel loops run inline */
+    int rc = variant_for(k, batch)(NULL, frame->args, count, &result);
     current_context = outer;
     if (rc == 0) return NULL;
     if (!last_error.message[0]) return fail(ORT_FAIL, k, "kernel failed (returned %d) without a message", rc);
