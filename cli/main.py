@@ -81,7 +81,8 @@ def inspect(model: str, max_depth: int, max_inputs: int, max_duplication: int, a
 @click.option("--select", type=click.Choice(["auto", "all", "measured"]), default="auto", show_default=True,
               help="Which compiled groups to use. auto: all but those onnxruntime still runs much faster "
                    "(convolutions, pooling); all: every group; measured: time each kernel against onnxruntime "
-                   "on its own group and keep the faster (output then depends on the machine).")
+                   "on its own group and keep the faster, then drop kept groups (least gain first) while the "
+                   "whole model is slower than the original (output then depends on the machine).")
 @click.option("--select-batch", "select_batches", default="1,64", show_default=True, metavar="N,N",
               help="With --select measured: the batch sizes (symbolic dims) to time at; a kernel must win at all.")
 @click.option("--threads", default="1", show_default=True, metavar="N,N",

@@ -35,6 +35,7 @@ from .workers import run_with_deadline
 GROUP_RTOL, GROUP_ATOL = 1e-3, 1e-4
 SELECTIONS = ("auto", "all", "measured")
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # bytes; protobuf cannot hold 2 GB
+COPY_MEGABYTES = 64  # --select measured's copy-bandwidth probe: past the L3 cache, and well under a second
 
 
 @dataclass
@@ -63,6 +64,7 @@ class OptimizeResult:
     plan: FusionPlan
     outcomes: list[GroupOutcome]
     seconds: float
+    measured: dict = field(default_factory=dict)  # --select measured: copy bandwidth, whole-model check
 
     @property
     def report(self) -> dict:
@@ -78,6 +80,7 @@ class OptimizeResult:
             "options": self.plan.options_json(),
             "groups": [o.to_json() for o in self.outcomes],
             "unfused": [u.to_json() for u in self.plan.unfused],
+            **({"measured": self.measured} if self.measured else {}),
         }
 
 
@@ -117,7 +120,8 @@ def optimize(
     select: "auto" (deterministic) compiles every group except those with an op onnxruntime still
     runs much faster (convolutions, pooling: see OpInfo.competitive); "all" compiles every group;
     "measured" keeps a kernel only if it is not slower than onnxruntime on the group's own nodes
-    at each of `select_batches` (symbolic dims) and each of `threads` (intra-op thread counts).
+    at each of `select_batches` (symbolic dims) and each of `threads` (intra-op thread counts),
+    then drops kept groups while the whole fused model is slower than the original (whole_model.py).
     compile_timeout: seconds one group may take to compile and verify before it falls back.
     """
     if select not in SELECTIONS:
@@ -138,9 +142,10 @@ def optimize(
     with tempfile.TemporaryDirectory(prefix="onnxfuse-build-") as build_dir:
         outcomes = _compile_groups(graph, plan, tgt, cache, Path(build_dir), jobs, verify, compile_timeout, progress,
                                    skip_uncompetitive=select == "auto")
+        measured = {}
         if select == "measured":
             thread_counts = (threads,) if isinstance(threads, int) else tuple(threads)
-            _select_measured(graph, outcomes, tgt, Path(build_dir), select_batches, thread_counts, progress)
+            measured = _select_measured(graph, outcomes, tgt, Path(build_dir), select_batches, thread_counts, progress)
         fused = [(o.group, o.kernel) for o in outcomes if o.kernel is not None]
         out_path.parent.mkdir(parents=True, exist_ok=True)
         library = library_path_for(out_path) if fused else None
@@ -152,7 +157,7 @@ def optimize(
             os.replace(staged_library, library)
         for staged, final in staged_model:
             os.replace(staged, final)
-    return OptimizeResult(out_path, library, plan, outcomes, time.perf_counter() - started)
+    return OptimizeResult(out_path, library, plan, outcomes, time.perf_counter() - started, measured)
 
 
 # -- compiling every group ----------------------------------------------------------------------
@@ -199,19 +204,26 @@ def _compile_groups(graph, plan, tgt: Target, cache: KernelCache, build_dir: Pat
     return [outcomes[g.name] for g in plan.groups]
 
 
-def _select_measured(graph, outcomes: list[GroupOutcome], tgt: Target, build_dir: Path, batches, threads, progress) -> None:
-    """Time every kernel against onnxruntime on its group; drop the ones that are slower."""
+def _select_measured(graph, outcomes: list[GroupOutcome], tgt: Target, build_dir: Path, batches, threads,
+                     progress) -> dict:
+    """Time every kernel against onnxruntime on its group and drop the slower ones; then check the
+    whole model (see whole_model.py). Returns what the report records of the run as a whole."""
+    from .bench import copy_bandwidth_gbs
     from .select import kernel_is_faster, measure_group
 
     compiled = [o for o in outcomes if o.kernel is not None]
     if not compiled:
-        return
+        return {}
+    copy_gbs = copy_bandwidth_gbs(COPY_MEGABYTES)
     library = _build_library([o.kernel for o in compiled], build_dir / "measure.so", tgt)
+    gains: dict[str, float] = {}
     for outcome in compiled:
         measurements = measure_group(outcome.group, outcome.kernel, extract_group(graph, outcome.group), library,
                                      batches, threads)
-        outcome.info = {**outcome.info, "measured": [m.to_json() for m in measurements]}
-        if not kernel_is_faster(measurements):
+        outcome.info = {**outcome.info, "measured": [m.to_json(copy_gbs) for m in measurements]}
+        if kernel_is_faster(measurements):
+            gains[outcome.group.name] = sum(m.gain_us for m in measurements)
+        else:
             slowest = max(measurements, key=lambda m: m.kernel_us / m.onnxruntime_us)
             outcome.status, outcome.kernel = "fallback", None
             outcome.reason = (f"measured: onnxruntime is faster ({slowest.onnxruntime_us:.1f} µs vs "
@@ -219,6 +231,40 @@ def _select_measured(graph, outcomes: list[GroupOutcome], tgt: Target, build_dir
         progress.note(f"{outcome.group.name}: " + ", ".join(
             f"batch {m.batch}×{m.threads}t: kernel {m.kernel_us:.1f} µs vs onnxruntime {m.onnxruntime_us:.1f} µs"
             for m in measurements) + ("" if outcome.kernel else " → onnxruntime kept"))
+    whole = _check_whole_model(graph, {o.group.name: o for o in compiled}, gains, library, tgt, batches, threads,
+                               progress)
+    return {"copy_bandwidth_gbs": copy_gbs, "whole_model_check": whole}
+
+
+def _check_whole_model(graph, by_name: dict[str, GroupOutcome], gains: dict[str, float], library: Path,
+                       tgt: Target, batches, threads, progress) -> dict:
+    """Drop kept groups, least gain first, while the whole fused model is slower than the original."""
+    from .whole_model import TOLERANCE, choose_kept, dropped_at, time_against_original
+
+    if graph.model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
+        return {"skipped": "the model is too large to time from memory"}
+    original = graph.model.SerializeToString()
+
+    def time_model(kept):
+        fused = package_model(graph, [(by_name[n].group, by_name[n].kernel) for n in kept], library.name, tgt.name)
+        return time_against_original(original, fused.SerializeToString(), library, batches, threads)
+
+    try:
+        steps = choose_kept(gains, time_model)
+    except Exception as exc:  # e.g. onnxruntime rejects random inputs for the whole model
+        return {"skipped": f"the whole model could not be timed: {_first_line(exc)}"}
+    for step in steps:
+        progress.note(f"whole model with {len(step.kept)} groups: " + ", ".join(
+            f"batch {c.batch}×{c.threads}t: {c.fused_ms:.4g} ms vs onnxruntime {c.onnxruntime_ms:.4g} ms ({c.ratio:.3f}×)"
+            for c in step.comparisons) + (" → dropping the least-gain half" if step.slower else ""))
+    for name, step in dropped_at(steps).items():
+        worst = step.worst
+        outcome = by_name[name]
+        outcome.status, outcome.kernel = "fallback", None
+        outcome.reason = (f"dropped by the whole-model check: the model with it ran {worst.fused_ms:.4g} ms vs "
+                          f"onnxruntime {worst.onnxruntime_ms:.4g} ms (batch {worst.batch}, {worst.threads} threads; "
+                          f"{worst.ratio:.3f}× in paired rounds, over the {TOLERANCE:.0%} tolerance)")
+    return {"tolerance": TOLERANCE, "steps": [s.to_json() for s in steps]}
 
 
 def _run_compiles(pending: dict, tgt: Target, build_dir: Path, jobs: int | None, verify: bool, timeout: float | None):

@@ -47,3 +47,39 @@ def _ranges(indices: tuple[int, ...]) -> str:
     if run:
         out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
     return ",".join(out)
+
+
+def format_measured_groups(report: dict) -> str:
+    """The groups of a `--select measured` optimize report: per group, batch and thread count, kernel
+    and onnxruntime time, and the kernel's achieved bandwidth against the machine's copy bandwidth;
+    then the whole-model check's steps."""
+    from .bench import render_table
+
+    measured = report.get("measured", {})
+    copy_gbs = measured.get("copy_bandwidth_gbs")
+    header = ["group", "ops", "batch", "thr", "kernel µs", "onnxruntime µs", "ratio", "GB/s", "% copy", "used"]
+    rows = []
+    for g in report["groups"]:
+        ops = f"{g['size']} [{_ops_summary(tuple(g['op_types']), limit=3)}]"
+        for m in g.get("measured", []):
+            rows.append([g["name"], ops, str(m["batch"]), str(m["threads"]), f"{m['kernel_us']:.1f}",
+                         f"{m['onnxruntime_us']:.1f}", f"{m['onnxruntime_us'] / m['kernel_us']:.2f}×",
+                         f"{m['kernel_gbs']:.2f}", f"{m.get('copy_bandwidth_pct', 0.0):.1f}", _used(g)])
+    lines = [f"copy bandwidth of this machine: {copy_gbs} GB/s (numpy copy, bytes read + written)"
+             if copy_gbs else "no group was compiled: nothing measured",
+             render_table(header, rows, markdown=False)]
+    check = measured.get("whole_model_check", {})
+    if "skipped" in check:
+        lines.append(f"whole-model check skipped: {check['skipped']}")
+    for step in check.get("steps", []):
+        lines.append(f"whole model with {len(step['kept'])} groups: " + ", ".join(
+            f"batch {t['batch']}×{t['threads']}t {t['fused_ms']:.4g} ms vs onnxruntime {t['onnxruntime_ms']:.4g} ms "
+            f"({t['ratio']:.3f}×)"
+            for t in step["timings"]) + (" → slower, least-gain half dropped" if step["slower"] else " → kept"))
+    return "\n".join(lines)
+
+
+def _used(group: dict) -> str:
+    if group["status"] != "fallback":
+        return "yes"
+    return "no: whole model" if group.get("reason", "").startswith("dropped by the whole-model") else "no: slower"

@@ -4,6 +4,10 @@ For each compiled group we time, inside onnxruntime and in alternating rounds, a
 just the custom node against the group's original nodes (with onnxruntime's own graph
 optimizations on). The kernel is kept only if it is at least as fast at every measured batch
 size, which makes "never slower than onnxruntime" true group by group, by construction.
+
+Each measurement also counts the bytes the kernel moves (its inputs, the weights it reads and its
+outputs), so its time can be read as achieved memory bandwidth: a kernel far below the machine's
+copy bandwidth is compute- or latency-bound, one near it has little left to gain.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -31,10 +36,24 @@ class Measurement:
     threads: int  # onnxruntime intra-op threads
     kernel_us: float
     onnxruntime_us: float
+    bytes_moved: int = 0  # the kernel's inputs, weights and outputs at this batch
 
-    def to_json(self) -> dict:
-        return {"batch": self.batch, "threads": self.threads, "kernel_us": round(self.kernel_us, 2),
-                "onnxruntime_us": round(self.onnxruntime_us, 2)}
+    @property
+    def gain_us(self) -> float:
+        return self.onnxruntime_us - self.kernel_us
+
+    @property
+    def kernel_gbs(self) -> float:
+        """Achieved bandwidth: bytes moved per second of kernel time, in GB/s."""
+        return self.bytes_moved / self.kernel_us / 1e3 if self.kernel_us > 0 else 0.0
+
+    def to_json(self, copy_gbs: float | None = None) -> dict:
+        out = {"batch": self.batch, "threads": self.threads, "kernel_us": round(self.kernel_us, 2),
+               "onnxruntime_us": round(self.onnxruntime_us, 2), "bytes": self.bytes_moved,
+               "kernel_gbs": round(self.kernel_gbs, 3)}
+        if copy_gbs:
+            out["copy_bandwidth_pct"] = round(100 * self.kernel_gbs / copy_gbs, 1)
+        return out
 
 
 def kernel_model(group: FusedGroup, kernel: GroupKernel, group_model: onnx.ModelProto) -> onnx.ModelProto:
@@ -62,7 +81,8 @@ def measure_group(
     from .bench import timing_session_options
     from .feeds import random_feeds_for_session
 
-    kernel_bytes = kernel_model(group, kernel, group_model).SerializeToString()
+    kernel_proto = kernel_model(group, kernel, group_model)
+    kernel_bytes = kernel_proto.SerializeToString()
     reference_bytes = group_model.SerializeToString()
     results = []
     for n_threads in threads:
@@ -74,14 +94,26 @@ def measure_group(
         symbolic = any(isinstance(d, str) or d is None for i in original.get_inputs() for d in i.shape)
         for batch in (batches if symbolic else batches[:1]):
             feeds = random_feeds_for_session(original, default_dim=batch, seed=batch)
+            moved = bytes_moved(kernel_proto, feeds, original.run(None, feeds))
             calls = [lambda: fused.run(None, feeds), lambda: original.run(None, feeds)]
             once = [best_of_three(call) for call in calls]
             # Over CLEARLY_SLOWER times slower needs no careful rounds (a 50x slower convolution
             # would otherwise cost seconds per group to measure).
             clear = once[0] > CLEARLY_SLOWER * once[1]
             kernel_s, ort_s = once if clear else alternate_medians(calls, once)
-            results.append(Measurement(batch, n_threads, kernel_s * 1e6, ort_s * 1e6))
+            results.append(Measurement(batch, n_threads, kernel_s * 1e6, ort_s * 1e6, moved))
     return results
+
+
+def bytes_moved(model: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs) -> int:
+    """Bytes a model's single kernel reads and writes once: its inputs, its initializers, its outputs.
+
+    A lower bound on its memory traffic (intermediates kept in caches are free), which is what
+    makes bytes / time comparable with the machine's copy bandwidth.
+    """
+    weights = sum(int(np.prod(t.dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+                  for t in model.graph.initializer)
+    return weights + sum(np.asarray(a).nbytes for a in feeds.values()) + sum(np.asarray(a).nbytes for a in outputs)
 
 
 def alternate_medians(contenders, once: list[float], rounds: int = ROUNDS,

@@ -1,0 +1,133 @@
+"""`--select measured`, second stage: the whole fused model must not be slower than the original.
+
+Timing each group against its own nodes cannot see what a custom node costs its neighbours:
+onnxruntime optimizes across op boundaries (fusions, layout transformations) and an opaque node
+in the middle can block that (shufflenet: every kept group wins alone, the whole model was 0.78x
+of onnxruntime). So, after the per-group selection, the whole output model is timed against
+the original; while it is slower by more than TOLERANCE, the kept groups with the least measured
+gain are dropped, half of the kept set at a time: a model with many groups costs a handful of
+whole-model timings, not one per group.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+TOLERANCE = 0.02  # slower by up to 2% counts as not slower: whole-model timings on a shared VM vary that much
+ROUNDS = 15
+ROUND_SECONDS = 0.02  # whole models: longer rounds than per-group timing, to average over more calls
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The fused model against the original at one batch size and thread count: median ms per call
+    of each, and the median over rounds of fused / original time in the same round.
+
+    The decision uses that paired ratio: both models ran moments apart in each round, so a change
+    in the machine's load between rounds cancels out (on this shared VM, six repeats with the very
+    same two models gave ratios of medians over 0.96-1.02, paired ratios over 0.95-0.98).
+    """
+
+    batch: int
+    threads: int
+    fused_ms: float
+    onnxruntime_ms: float
+    ratio: float
+
+    @property
+    def slower(self) -> bool:
+        return self.ratio > 1 + TOLERANCE
+
+    def to_json(self) -> dict:
+        return {"batch": self.batch, "threads": self.threads, "fused_ms": round(self.fused_ms, 4),
+                "onnxruntime_ms": round(self.onnxruntime_ms, 4), "ratio": round(self.ratio, 3)}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One whole-model timing: the groups kept (least gain first) and how the model compared."""
+
+    kept: tuple[str, ...]
+    comparisons: tuple[Comparison, ...]
+
+    @property
+    def slower(self) -> bool:
+        return any(c.slower for c in self.comparisons)
+
+    @property
+    def worst(self) -> Comparison:
+        return max(self.comparisons, key=lambda c: c.ratio)
+
+    def to_json(self) -> dict:
+        return {"kept": list(self.kept), "slower": self.slower, "timings": [c.to_json() for c in self.comparisons]}
+
+
+def choose_kept(gains: dict[str, float], time_model: Callable[[Sequence[str]], Sequence[Comparison]]) -> list[Step]:
+    """Time the model with every group of `gains` kept; while slower, drop the least-gain half.
+
+    `gains` maps group name → measured gain (onnxruntime µs − kernel µs); `time_model(kept)` times
+    the model with those groups fused. A slower timing is repeated and only a second slower one
+    drops groups (the step records the repeat). Returns every step; the groups kept in the end are the last
+    step's if it is not slower, else none (no timing needed: that model is the original).
+    """
+    kept = sorted(gains, key=lambda name: gains[name])
+    steps: list[Step] = []
+    while kept:
+        step = Step(tuple(kept), tuple(time_model(kept)))
+        if step.slower:  # confirmed before anything is dropped: one timing can be a few % off here
+            step = Step(tuple(kept), tuple(time_model(kept)))
+        steps.append(step)
+        if not step.slower:
+            break
+        kept = kept[(len(kept) + 1) // 2:]
+    return steps
+
+
+def final_kept(steps: Sequence[Step]) -> tuple[str, ...]:
+    return steps[-1].kept if steps and not steps[-1].slower else ()
+
+
+def dropped_at(steps: Sequence[Step]) -> dict[str, Step]:
+    """Each dropped group → the step whose slowness dropped it."""
+    kept = set(final_kept(steps))
+    out: dict[str, Step] = {}
+    for step in steps:
+        for name in step.kept:
+            if name not in kept:
+                out[name] = step  # later steps overwrite: the last timing the group took part in
+    return out
+
+
+def time_against_original(original: bytes, fused: bytes, library, batches: Sequence[int],
+                          threads: Sequence[int]) -> list[Comparison]:
+    """The fused model (with `library` registered) against the original, both ORT_ENABLE_ALL, in
+    alternating rounds at every batch size (symbolic dims) and thread count."""
+    import onnxruntime as ort
+
+    from .bench import alternating_rounds, calls_per_round, timing_session_options
+    from .feeds import random_feeds_for_session
+    from .select import best_of_three
+
+    def session(model: bytes, n_threads: int, with_library: bool):
+        options = timing_session_options(n_threads)
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if with_library:
+            options.register_custom_ops_library(str(library))
+        return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+    results = []
+    for n_threads in threads:
+        fused_session, original_session = session(fused, n_threads, True), session(original, n_threads, False)
+        symbolic = any(isinstance(d, str) or d is None for i in original_session.get_inputs() for d in i.shape)
+        for batch in (batches if symbolic else batches[:1]):
+            feeds = random_feeds_for_session(original_session, default_dim=batch, seed=batch)
+            fused_feeds = {i.name: feeds[i.name] for i in fused_session.get_inputs()}
+            calls = [lambda: fused_session.run(None, fused_feeds), lambda: original_session.run(None, feeds)]
+            reps = [calls_per_round(best_of_three(call), ROUND_SECONDS) for call in calls]
+            fused_s, ort_s = alternating_rounds(calls, reps, ROUNDS)
+            results.append(Comparison(batch, n_threads, statistics.median(fused_s) * 1e3,
+                                      statistics.median(ort_s) * 1e3,
+                                      statistics.median(f / o for f, o in zip(fused_s, ort_s))))
+    return results
