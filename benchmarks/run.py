@@ -15,6 +15,7 @@ import argparse
 import functools
 import importlib.util
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -56,6 +57,11 @@ LIGHT_OPTIONS = BenchOptions(batches=(1,), threads=(1,), rounds=7, budget_second
                              select="measured")
 FOREST = BenchOptions(batches=(1, 1000, 10000), threads=(1,), rounds=11, budget_seconds=8.0, cache_dir=str(KERNELS),
                       select="measured")
+# The recurrent cells once more through session.run (the default times IOBinding calls): what a
+# Python caller that passes numpy feeds sees, with its fixed 5-7 us per call in every contender.
+CELLS = ("lstm_gate", "lstm_cell", "gru_cell")
+CELLS_RUN = BenchOptions(batches=(1, 64), threads=(1,), rounds=15, budget_seconds=4.0, tvm=False,
+                         cache_dir=str(KERNELS), select="measured", call_style="run")
 # Compile time against depth: spine trees (2·depth+1 nodes each) give the same 14-op-per-level tree_trav program
 # as complete trees, whose tables (2^(depth+1) nodes) cannot even be built at depth 32.
 COMPILE_DEPTHS = ((3, 100), (8, 100), (16, 100), (32, 100))
@@ -95,7 +101,7 @@ def bench_one(path: Path, options: BenchOptions, results: list, failures: list, 
     name = kwargs.pop("name", path.name.removesuffix(".onnx"))
     started = time.perf_counter()
     try:
-        results.append(bench_model(path, options=options, name=name, work_dir=WORK / name, log=log, **kwargs))
+        results.append(bench_model(path, options=options, name=name, work_dir=WORK / re.sub(r"[^\w.-]+", "_", name), log=log, **kwargs))
     except OnnxfuseError as exc:
         failures.append({"model": name, "error": str(exc)})
         log(f"{name}: FAILED: {exc}")
@@ -111,6 +117,8 @@ def run_models() -> dict:
             continue  # the reference below, not a model to fuse
         extras = {ML_REFERENCE: str(TREE_ENSEMBLE_D8)} if path.stem in TREE_PROGRAMS_D8 else None
         bench_one(path, SMALL, results, failures, extra_models=extras)
+    for cell in CELLS:
+        bench_one(MODELS / f"{cell}.onnx", CELLS_RUN, results, failures, name=f"{cell} [session.run]")
     for path in sorted(LIGHT.glob("*.onnx")):
         bench_one(path, LIGHT_OPTIONS, results, failures)
     forest = benchmark_forest_models()
@@ -119,7 +127,8 @@ def run_models() -> dict:
                   extra_models={ML_REFERENCE: str(forest["tree_ensemble_100x8"])})
     seconds = time.perf_counter() - started
     report = report_json(results, SMALL, {
-        "sets": {"models/": SMALL.__dict__, "light": LIGHT_OPTIONS.__dict__, "forest 100x8": FOREST.__dict__},
+        "sets": {"models/": SMALL.__dict__, "cells [session.run]": CELLS_RUN.__dict__, "light": LIGHT_OPTIONS.__dict__,
+                 "forest 100x8": FOREST.__dict__},
         "copy_bandwidth_gbs": copy_bandwidth_gbs(), "failures": failures, "seconds": round(seconds, 1)})
     notes = notes_text(results)
     tables = [format_table(results), format_compile_table(results), notes]
@@ -223,7 +232,8 @@ def write_results(stem: str, report: dict, tables: list[str], markdown: list[str
     write_text_atomic(RESULTS / f"{stem}.json", json.dumps(report, indent=1, default=str))
     machine = report["machine"]
     head = (f"{machine['cpu']}, {machine['cores']} cores; onnxruntime {machine['onnxruntime']}, "
-            f"TVM {machine.get('tvm', '?')}. Median ms per call over alternating rounds; "
+            f"TVM {machine.get('tvm', '?')}. Median ms per call over alternating rounds; onnxruntime contenders "
+            f"called through IOBinding (inputs and outputs bound once), except rows marked [session.run]; "
             f"(N×) = onnxruntime ms / contender ms; ≈ = one call (too slow for rounds). Took {seconds / 60:.1f} min.")
     failed = [f"- {f['model']}: {f['error']}" for f in failures]
     write_text_atomic(RESULTS / f"{stem}.md", "\n\n".join([head, *markdown, *(["Failed:\n" + "\n".join(failed)] if failed else [])]) + "\n")

@@ -44,8 +44,17 @@ def _extra_models(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--select", type=click.Choice(["auto", "all", "measured"]), default="auto", show_default=True,
               help="How onnxfuse picks groups when it optimizes MODEL (see `onnxfuse optimize --help`); "
                    "measured times each kernel at the --batch sizes and the first --threads.")
+@click.option("--call", "call_style", type=click.Choice(["iobinding", "run"]), default="iobinding", show_default=True,
+              help="How onnxruntime is called: iobinding binds inputs and pre-allocated outputs once (a serving "
+                   "loop; times the model), run calls session.run(None, feeds) (adds Python's numpy conversions, "
+                   "5-7 µs per call, to every contender).")
+@click.option("--groups", is_flag=True,
+              help="Instead of the whole model: optimize MODEL with --select measured (into a temporary directory) "
+                   "and print each group's kernel and onnxruntime times and achieved memory bandwidth against "
+                   "this machine's copy bandwidth, at the --batch sizes and --threads.")
 @clean_errors
-def bench(model, fused, batches, threads, rounds, budget, extra, json_path, no_tvm, cache_dir, seed, select) -> None:
+def bench(model, fused, batches, threads, rounds, budget, extra, json_path, no_tvm, cache_dir, seed, select,
+          call_style, groups) -> None:
     """Time MODEL under onnxruntime (ORT_ENABLE_ALL), as onnxfuse's fused model in onnxruntime, and
     under TVM's own pipeline (from_onnx + default Relax pipeline + VM), at each batch size and thread
     count. Prints median ms per call and the speedup over onnxruntime (onnxruntime ms / contender ms).
@@ -56,11 +65,16 @@ def bench(model, fused, batches, threads, rounds, budget, extra, json_path, no_t
     \b
     onnxfuse bench models/lstm_cell.onnx --batch 1,64 --threads 1,2
     onnxfuse bench tree_trav.onnx --ort trees-ml=tree_ensemble.onnx --no-tvm --json out.json
+    onnxfuse bench models/lstm_gate.onnx --groups --batch 1,64
     """
     from onnxfuse.bench import BenchOptions, bench_model, fused_refusals, format_compile_table, format_table, report_json
 
     options = BenchOptions(batches=parse_sizes(batches, "--batch"), threads=parse_sizes(threads, "--threads"), rounds=rounds,
-                           budget_seconds=budget, tvm=not no_tvm, cache_dir=cache_dir, seed=seed, select=select)
+                           budget_seconds=budget, tvm=not no_tvm, cache_dir=cache_dir, seed=seed, select=select,
+                           call_style=call_style)
+    if groups:
+        _bench_groups(model, fused, options, json_path)
+        return
     log = lambda message: click.echo(f"onnxfuse: {message}", err=True)  # noqa: E731
     result = bench_model(model, fused, options, extra_models=_extra_models(extra), log=log)
     click.echo(format_table([result]))
@@ -77,3 +91,18 @@ def bench(model, fused, batches, threads, rounds, budget, extra, json_path, no_t
         click.echo("onnxfuse: error: the fused model's outputs differ from the original; not timed: "
                    + "; ".join(refused), err=True)
         sys.exit(EXIT_FAILED)
+
+
+def _bench_groups(model: str, fused: str | None, options, json_path: str | None) -> None:
+    """`--groups`: the per-group table of a measured optimize run; --json writes its whole report."""
+    from onnxfuse.bench import measure_groups
+    from onnxfuse.report import format_measured_groups
+
+    if fused:
+        raise UsageError("--groups measures the groups of MODEL as it optimizes it; it does not take --fused")
+    report = measure_groups(model, options)
+    click.echo(format_measured_groups(report))
+    if json_path:
+        from onnxfuse.atomic import write_text_atomic
+
+        write_text_atomic(json_path, json.dumps({"model": model, **report}, indent=1))

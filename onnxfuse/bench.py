@@ -213,12 +213,21 @@ def timing_session_options(threads: int):
     return options
 
 
-def ort_contender(name: str, model_path, feeds: dict[str, np.ndarray], threads: int) -> Contender:
+CALL_STYLES = ("iobinding", "run")
+"""How an onnxruntime contender is called: "iobinding" binds the inputs and pre-allocated outputs
+once and times run_with_iobinding, as a serving loop does (the model's time, not Python's);
+"run" times session.run(None, feeds), which adds numpy conversions worth 5-7 us per call."""
+
+
+def ort_contender(name: str, model_path, feeds: dict[str, np.ndarray], threads: int,
+                  call_style: str = "iobinding") -> Contender:
     """onnxruntime with all graph optimizations; loads an onnxfuse library if the model names one."""
     import onnxruntime as ort
 
     from .session import InferenceSession
 
+    if call_style not in CALL_STYLES:
+        raise ValueError(f"call style must be one of {CALL_STYLES}, got {call_style!r}")
     options = timing_session_options(threads)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.inter_op_num_threads = 1
@@ -226,8 +235,24 @@ def ort_contender(name: str, model_path, feeds: dict[str, np.ndarray], threads: 
     names = [o.name for o in session.get_outputs()]
     wanted = {i.name for i in session.get_inputs()}
     own_feeds = {k: v for k, v in feeds.items() if k in wanted}
+    if call_style == "run":
+        return Contender(name, lambda: session.run(None, own_feeds), lambda result: dict(zip(names, result)))
+    binding = bound_io(session, own_feeds)
+    return Contender(name, lambda: session.run_with_iobinding(binding),
+                     lambda _: dict(zip(names, binding.copy_outputs_to_cpu())))
 
-    return Contender(name, lambda: session.run(None, own_feeds), lambda result: dict(zip(names, result)))
+
+def bound_io(session, feeds: dict[str, np.ndarray]):
+    """An IOBinding with `feeds` as inputs and outputs pre-allocated by onnxruntime (aligned, as
+    its own outputs are) at the shapes one plain run gives; `feeds` must outlive the binding."""
+    import onnxruntime as ort
+
+    binding = session.io_binding()
+    for name, array in feeds.items():
+        binding.bind_cpu_input(name, array)
+    for meta, value in zip(session.get_outputs(), session.run(None, feeds)):
+        binding.bind_ortvalue_output(meta.name, ort.OrtValue.ortvalue_from_shape_and_type(value.shape, value.dtype))
+    return binding
 
 
 def tvm_target():
@@ -284,12 +309,13 @@ def measure(job: dict) -> dict:
     out = []
     for batch in job["batches"]:
         feeds = random_inputs(specs, batch, job.get("seed", 0))
-        baseline = ort_contender(BASELINE, reference_path, feeds, job["threads"])
+        call_style = job.get("call_style", "iobinding")
+        baseline = ort_contender(BASELINE, reference_path, feeds, job["threads"], call_style)
         reference = baseline.outputs(baseline.call())
         contenders, not_run = [baseline], {}
         for name, path in job["ort_models"].items():
             try:
-                contenders.append(ort_contender(name, path, feeds, job["threads"]))
+                contenders.append(ort_contender(name, path, feeds, job["threads"], call_style))
             except Exception as exc:
                 not_run[name] = f"onnxruntime cannot load it: {_short_reason(exc)}"
         tvm_library = job.get("tvm_libraries", {}).get(str(batch))
@@ -350,6 +376,7 @@ class BenchOptions:
     seed: int = 0
     tvm_build_timeout: float = 600.0
     select: str = "auto"  # onnxfuse's group selection (`optimize --select`); measured times at `batches`
+    call_style: str = "iobinding"  # how onnxruntime contenders are called (CALL_STYLES)
 
 
 @dataclass
@@ -394,7 +421,7 @@ def bench_model(model_path, fused_path=None, options: BenchOptions | None = None
     if with_fused:
         if fused_path is None:
             log(f"{name}: optimizing")
-            fused_path, result.compile["optimize"] = _optimize(model_path, work / f"{name}.fused.onnx", options)
+            fused_path, result.compile["optimize"] = _optimize(model_path, work / f"{model_path.stem}.fused.onnx", options)
             result.fused = str(fused_path)
             summary = result.compile["optimize"]
             if summary.get("groups_fallback"):
@@ -408,7 +435,7 @@ def bench_model(model_path, fused_path=None, options: BenchOptions | None = None
         builds = result.compile.setdefault("tvm_build_seconds", {})
         for batch in batches:
             log(f"{name}: TVM build at batch {batch}")
-            library = work / f"{name}.tvm.b{batch}.so"
+            library = work / f"{model_path.stem}.tvm.b{batch}.so"
             built = run_worker("build_tvm", {"model": str(model_path), "batch": batch, "library": str(library)},
                                timeout=options.tvm_build_timeout)
             if "seconds" in built:
@@ -422,8 +449,9 @@ def bench_model(model_path, fused_path=None, options: BenchOptions | None = None
         job = {"model": str(model_path), "ort_models": ort_models, "tvm_libraries": tvm_libraries,
                "batches": list(batches), "threads": threads, "rounds": options.rounds,
                "round_seconds": options.round_seconds, "budget_seconds": options.budget_seconds,
-               "seed": options.seed}
-        env = {"TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+               "seed": options.seed, "call_style": options.call_style}
+        # numpy's OpenBLAS pool threads were seen busy in the timing process: keep them out.
+        env = {"TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": "1"}
         measured = run_worker("measure", job, env)
         if "error" in measured and tvm_libraries:  # maybe TVM took the process down: again without it
             crash = measured["error"]
@@ -453,6 +481,17 @@ def _optimize(model_path: Path, out_path: Path, options: BenchOptions) -> tuple[
     if reasons:  # the fused model then runs those nodes as plain onnxruntime: the reader must know
         summary["fallback_reasons"] = list(dict.fromkeys(r[:160] for r in reasons))[:3]
     return optimized.model_path, summary
+
+
+def measure_groups(model_path, options: BenchOptions) -> dict:
+    """The report of `optimize --select measured` at the bench's batches and threads, written to a
+    temporary directory: each group's kernel and onnxruntime times, bytes moved, the copy bandwidth."""
+    from .optimize import optimize
+
+    with tempfile.TemporaryDirectory(prefix="onnxfuse-groups-") as tmp:
+        name = Path(model_path).name.removesuffix(".onnx")
+        return optimize(model_path, Path(tmp) / f"{name}.fused.onnx", cache_dir=options.cache_dir or True,
+                        select="measured", select_batches=options.batches, threads=options.threads).report
 
 
 def _static_batch(specs: Sequence[InputSpec]) -> int:
@@ -561,7 +600,7 @@ def format_compile_table(results: Sequence[ModelBench], markdown: bool = False) 
 def report_json(results: Sequence[ModelBench], options: BenchOptions, extra: dict | None = None) -> dict:
     return {"machine": machine_info(), "options": {"batches": list(options.batches), "threads": list(options.threads),
                                                    "rounds": options.rounds, "round_seconds": options.round_seconds,
-                                                   "tvm": options.tvm},
+                                                   "tvm": options.tvm, "call_style": options.call_style},
             "ratio": "speedup = onnxruntime median ms / contender median ms",
             "models": [r.to_json() for r in results], **(extra or {})}
 

@@ -148,3 +148,33 @@ def test_cli_times_a_matching_fused_model_and_refuses_a_wrong_one(tmp_path, fuse
         assert cell["median_ms"] > 0
     else:
         assert cell["na"].startswith("refused") and "differ" in result.output
+
+
+@pytest.mark.parametrize("call_style", ["iobinding", "run"])
+def test_both_call_styles_give_the_models_outputs(tmp_path, call_style):
+    """The IOBinding contender (inputs and pre-allocated outputs bound once) returns what
+    session.run returns, call after call, with the arrays numpy computes."""
+    from onnxfuse.bench import ort_contender
+
+    path = unary_model(tmp_path / "m.onnx", "Sigmoid")
+    x = np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32)
+    contender = ort_contender("m", path, {"x": x}, threads=1, call_style=call_style)
+    for _ in range(2):
+        y = contender.outputs(contender.call())["y"]
+        np.testing.assert_allclose(y, 1 / (1 + np.exp(-x)), rtol=1e-5)
+
+
+def test_unknown_call_style_is_refused(tmp_path):
+    from onnxfuse.bench import ort_contender
+
+    with pytest.raises(ValueError, match="call style"):
+        ort_contender("m", unary_model(tmp_path / "m.onnx", "Relu"), {"x": np.zeros((1, 8), np.float32)}, 1, "grpc")
+
+
+def test_cli_call_style_is_recorded(tmp_path):
+    model = unary_model(tmp_path / "m.onnx", "Relu")
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(main, ["bench", model, "--fused", model, "--batch", "2", "--no-tvm", "--rounds", "2",
+                                       "--call", "run", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["options"]["call_style"] == "run"
