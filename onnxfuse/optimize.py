@@ -349,7 +349,10 @@ def verify_kernel(compiled, group_model: onnx.ModelProto) -> dict:
     except Exception as exc:
         raise CompileError(f"verify: onnxruntime cannot run this group as a reference ({_first_line(exc)})") from None
     worst = 0.0
-    for dim, seed in ((1, 0), (3, 1)):
+    sizes = [(1, 0), (3, 1)]
+    if compiled.spec.small_batch_below:  # 1 and 3 run the small-batch variant: a full tile and a tail too
+        sizes.append((compiled.spec.small_batch_below + 3, 2))
+    for dim, seed in sizes:
         feeds = random_feeds_for_session(session, default_dim=dim, seed=seed)
         try:
             expected = session.run(None, feeds)

@@ -301,3 +301,22 @@ def test_duplication_bound_reaches_the_kernel_and_the_cache_key(tmp_path, cache)
         expected, actual = run_both(source, result.model_path, random_inputs(source, 9))
         assert_outputs_match(expected, actual)
     assert kernels[1] != kernels[2]
+
+
+def test_verification_runs_both_gemm_variants(tmp_path, monkeypatch):
+    """A MatMul group over a symbolic batch has a small-batch variant; verification must also run
+    a batch the main (8-row tile) schedule handles, not only the small sizes 1 and 3."""
+    from onnxfuse.codegen.compile import CompiledGroup, compile_group
+    from onnxfuse.optimize import verify_kernel
+    from onnxfuse.target import resolve_target
+
+    w = np.random.default_rng(0).standard_normal((16, 32)).astype(np.float32)
+    group = model([node("MatMul", ["x", "w"], "m"), node("Sigmoid", ["m"], "y")],
+                  {"x": ("N", 16)}, {"y": ("N", 32)}, {"w": w})
+    compiled = compile_group(group, "gemm_variants", resolve_target("native"), tmp_path)
+    batches = []
+    original_run = CompiledGroup.run
+    monkeypatch.setattr(CompiledGroup, "run", lambda self, feeds: batches.append(len(feeds["x"])) or original_run(self, feeds))
+    assert verify_kernel(compiled, group)["checked"]
+    assert compiled.spec.small_batch_below == 8
+    assert min(batches) < 8 <= max(batches)
