@@ -29,6 +29,7 @@ from .kernel_spec import KernelSpec
 from .loader import load_model
 from .ops import uncompetitive_ops
 from .package import GroupKernel, package_model
+from .report import whole_model_step_line
 from .target import Target, resolve_target
 from .workers import run_with_deadline
 
@@ -254,16 +255,16 @@ def _check_whole_model(graph, by_name: dict[str, GroupOutcome], gains: dict[str,
     except Exception as exc:  # e.g. onnxruntime rejects random inputs for the whole model
         return {"skipped": f"the whole model could not be timed: {_first_line(exc)}"}
     for step in steps:
-        progress.note(f"whole model with {len(step.kept)} groups: " + ", ".join(
-            f"batch {c.batch}×{c.threads}t: {c.fused_ms:.4g} ms vs onnxruntime {c.onnxruntime_ms:.4g} ms ({c.ratio:.3f}×)"
-            for c in step.comparisons) + (" → dropping the least-gain half" if step.slower else ""))
+        progress.note(whole_model_step_line(step.to_json()))
     for name, step in dropped_at(steps).items():
         worst = step.worst
         outcome = by_name[name]
         outcome.status, outcome.kernel = "fallback", None
+        verdict = ("tried again, not faster than onnxruntime" if step.readd
+                   else f"over the {TOLERANCE:.0%} tolerance")
         outcome.reason = (f"dropped by the whole-model check: the model with it ran {worst.fused_ms:.4g} ms vs "
                           f"onnxruntime {worst.onnxruntime_ms:.4g} ms (batch {worst.batch}, {worst.threads} threads; "
-                          f"{worst.ratio:.3f}× in paired rounds, over the {TOLERANCE:.0%} tolerance)")
+                          f"{worst.ratio:.3f}× in paired rounds, {verdict})")
     return {"tolerance": TOLERANCE, "steps": [s.to_json() for s in steps]}
 
 

@@ -71,12 +71,19 @@ def format_measured_groups(report: dict) -> str:
     check = measured.get("whole_model_check", {})
     if "skipped" in check:
         lines.append(f"whole-model check skipped: {check['skipped']}")
-    for step in check.get("steps", []):
-        lines.append(f"whole model with {len(step['kept'])} groups: " + ", ".join(
-            f"batch {t['batch']}×{t['threads']}t {t['fused_ms']:.4g} ms vs onnxruntime {t['onnxruntime_ms']:.4g} ms "
-            f"({t['ratio']:.3f}×)"
-            for t in step["timings"]) + (" → slower, least-gain half dropped" if step["slower"] else " → kept"))
+    lines += [whole_model_step_line(step) for step in check.get("steps", [])]
     return "\n".join(lines)
+
+
+def whole_model_step_line(step: dict) -> str:
+    """One step of the whole-model check (its JSON form), with what it decided."""
+    if step["readd"]:
+        verdict = f"{step['kept'][-1]} {'re-added' if step['accepted'] else 'stays out'}"
+    else:
+        verdict = "kept" if step["accepted"] else "slower, least-gain half dropped"
+    return f"whole model with {len(step['kept'])} groups: " + ", ".join(
+        f"batch {t['batch']}×{t['threads']}t {t['fused_ms']:.4g} ms vs onnxruntime {t['onnxruntime_ms']:.4g} ms "
+        f"({t['ratio']:.3f}×)" for t in step["timings"]) + f" → {verdict}"
 
 
 def _used(group: dict) -> str:

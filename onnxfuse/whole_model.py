@@ -6,7 +6,8 @@ in the middle can block that (shufflenet: every kept group wins alone, the whole
 of onnxruntime). So, after the per-group selection, the whole output model is timed against
 the original; while it is slower by more than TOLERANCE, the kept groups with the least measured
 gain are dropped, half of the kept set at a time: a model with many groups costs a handful of
-whole-model timings, not one per group.
+whole-model timings, not one per group. Then the dropped groups with the most gain are tried
+again one at a time (at most MAX_READDS), and kept where the model then beats the original.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 TOLERANCE = 0.02  # slower by up to 2% counts as not slower: whole-model timings on a shared VM vary that much
 ROUNDS = 15
+MAX_READDS = 8  # dropped groups tried again one by one, most gain first: each try is one whole-model timing
 ROUND_SECONDS = 0.02  # whole models: longer rounds than per-group timing, to average over more calls
 
 
@@ -47,50 +49,81 @@ class Comparison:
 
 @dataclass(frozen=True)
 class Step:
-    """One whole-model timing: the groups kept (least gain first) and how the model compared."""
+    """One whole-model timing: the groups kept (least gain first) and how the model compared.
+
+    A halving step is accepted when the model is not slower (within TOLERANCE); a re-add step
+    (readd=True, one dropped group tried again) only when the model is faster than the original
+    outright: a group is re-added for a gain, not for staying within the noise."""
 
     kept: tuple[str, ...]
     comparisons: tuple[Comparison, ...]
+    readd: bool = False
 
     @property
     def slower(self) -> bool:
         return any(c.slower for c in self.comparisons)
 
     @property
+    def accepted(self) -> bool:
+        return all(c.ratio < 1 for c in self.comparisons) if self.readd else not self.slower
+
+    @property
     def worst(self) -> Comparison:
         return max(self.comparisons, key=lambda c: c.ratio)
 
     def to_json(self) -> dict:
-        return {"kept": list(self.kept), "slower": self.slower, "timings": [c.to_json() for c in self.comparisons]}
+        return {"kept": list(self.kept), "readd": self.readd, "accepted": self.accepted,
+                "timings": [c.to_json() for c in self.comparisons]}
 
 
-def choose_kept(gains: dict[str, float], time_model: Callable[[Sequence[str]], Sequence[Comparison]]) -> list[Step]:
-    """Time the model with every group of `gains` kept; while slower, drop the least-gain half.
+def choose_kept(gains: dict[str, float], time_model: Callable[[Sequence[str]], Sequence[Comparison]],
+                max_readds: int = MAX_READDS) -> list[Step]:
+    """Time the model with every group of `gains` kept; while slower, drop the least-gain half;
+    then try the dropped groups again one at a time (most gain first, at most `max_readds`).
 
     `gains` maps group name → measured gain (onnxruntime µs − kernel µs); `time_model(kept)` times
-    the model with those groups fused. A slower timing is repeated and only a second slower one
-    drops groups (the step records the repeat). Returns every step; the groups kept in the end are the last
-    step's if it is not slower, else none (no timing needed: that model is the original).
+    the model with those groups fused. Halving finds a model that is not slower in a few timings
+    but can drop more than the culprit (a group that blocks an onnxruntime fusion need not have
+    the least gain); re-adding keeps a dropped group where the model then beats the original.
+    A verdict that drops or adds groups is confirmed by a second timing (the step records the
+    repeat): one timing can be a few % off here. Returns every step; the groups kept in the end
+    are those of the last accepted step.
     """
+    def timed(kept: Sequence[str], readd: bool = False) -> Step:
+        step = Step(tuple(kept), tuple(time_model(kept)), readd)
+        if step.accepted == readd:  # would change the kept set: confirm
+            step = Step(tuple(kept), tuple(time_model(kept)), readd)
+        return step
+
     kept = sorted(gains, key=lambda name: gains[name])
     steps: list[Step] = []
     while kept:
-        step = Step(tuple(kept), tuple(time_model(kept)))
-        if step.slower:  # confirmed before anything is dropped: one timing can be a few % off here
-            step = Step(tuple(kept), tuple(time_model(kept)))
-        steps.append(step)
-        if not step.slower:
+        steps.append(timed(kept))
+        if steps[-1].accepted:
             break
         kept = kept[(len(kept) + 1) // 2:]
+    if not steps or steps[0].accepted:
+        return steps  # nothing dropped
+    accepted = list(final_kept(steps))
+    dropped = sorted((name for name in gains if name not in accepted), key=lambda name: -gains[name])
+    tried = {frozenset(step.kept) for step in steps}
+    for name in dropped[:max_readds]:
+        if frozenset([*accepted, name]) in tried:
+            continue  # timed slower already (a halving step with exactly these groups)
+        steps.append(timed([*accepted, name], readd=True))
+        if steps[-1].accepted:
+            accepted.append(name)
     return steps
 
 
 def final_kept(steps: Sequence[Step]) -> tuple[str, ...]:
-    return steps[-1].kept if steps and not steps[-1].slower else ()
+    """The groups of the last accepted step (none if no step was)."""
+    accepted = [step for step in steps if step.accepted]
+    return accepted[-1].kept if accepted else ()
 
 
 def dropped_at(steps: Sequence[Step]) -> dict[str, Step]:
-    """Each dropped group → the step whose slowness dropped it."""
+    """Each dropped group → the step that dropped or refused it (the last one it took part in)."""
     kept = set(final_kept(steps))
     out: dict[str, Step] = {}
     for step in steps:

@@ -110,34 +110,63 @@ def test_cli_bench_groups_refuses_a_fused_model(tmp_path):
 # -- the whole-model check ------------------------------------------------------------------------
 
 def fake_timer(culprits: set[str], log: list):
-    """The model is 10% slower while any culprit is kept, else as fast as the original."""
+    """The model is 10% slower while any culprit is kept, else 10% faster than the original."""
     def time_model(kept):
         log.append(tuple(kept))
-        slow = 1.1 if culprits & set(kept) else 1.0
-        return [Comparison(1, 1, slow, 1.0, slow)]
+        ratio = 1.1 if culprits & set(kept) else 0.9
+        return [Comparison(1, 1, ratio, 1.0, ratio)]
     return time_model
 
 
-def test_whole_model_check_drops_the_least_gain_half_until_not_slower():
+def test_whole_model_check_drops_the_least_gain_half_then_re_adds_what_the_model_can_take():
     gains = {"a": 1.0, "b": 50.0, "c": 3.0, "d": 100.0, "e": 2.0}
     log: list = []
     steps = choose_kept(gains, fake_timer({"e"}, log))
-    assert log == [("a", "e", "c", "b", "d")] * 2 + [("b", "d")]  # least gain first, slower confirmed; 5 → 2 left
-    assert final_kept(steps) == ("b", "d")
-    assert {name: steps.index(step) for name, step in dropped_at(steps).items()} == {"a": 0, "e": 0, "c": 0}
+    assert log == ([("a", "e", "c", "b", "d")] * 2  # least gain first; slower, confirmed: 5 -> 2 left
+                   + [("b", "d")]  # not slower
+                   + [("b", "d", "c")] * 2  # the dropped ones again, most gain first: c gains, confirmed
+                   + [("b", "d", "c", "e")]  # e (the culprit) does not
+                   + [("b", "d", "c", "a")] * 2)  # a gains, confirmed
+    assert final_kept(steps) == ("b", "d", "c", "a")
+    assert {name: steps.index(step) for name, step in dropped_at(steps).items()} == {"e": 3}
 
 
-def test_whole_model_check_can_drop_every_group_in_a_handful_of_timings():
+def test_whole_model_check_re_adds_at_most_max_readds_groups():
+    """The culprit has the most gain, so halving drops everything; re-adding tries the most-gain
+    groups one by one and keeps all but the culprit, within the bound on tries."""
     gains = {f"g{i}": float(i) for i in range(8)}
     log: list = []
-    steps = choose_kept(gains, fake_timer({"g7"}, log))
-    assert [len(kept) for kept in log] == [8, 8, 4, 4, 2, 2, 1, 1]  # each slower timing confirmed once
+    steps = choose_kept(gains, fake_timer({"g7"}, log), max_readds=4)
+    assert [len(kept) for kept in log] == [8, 8, 4, 4, 2, 2, 1, 1] + [1, 1, 2, 2, 3, 3]  # g7 alone: timed already
+    assert final_kept(steps) == ("g6", "g5", "g4")
+    assert set(dropped_at(steps)) == {"g7", "g3", "g2", "g1", "g0"}
+    assert dropped_at(steps)["g7"].kept == ("g7",) and log.count(("g7",)) == 2
+
+
+def test_re_adding_needs_a_confirmed_gain_not_just_the_tolerance():
+    """Halving accepts a model within the tolerance; a re-added group must make the model faster
+    than the original in two timings, or it stays out."""
+    ratios = {("a", "b", "c"): [1.1, 1.1], ("c",): [1.01], ("c", "b"): [0.97, 1.0], ("c", "a"): [0.95, 0.96]}
+
+    def time_model(kept):
+        ratio = ratios[tuple(kept)].pop(0)
+        return [Comparison(1, 1, ratio, 1.0, ratio)]
+
+    steps = choose_kept({"a": 1.0, "b": 2.0, "c": 3.0}, time_model)
+    assert [(s.kept, s.readd, s.accepted) for s in steps] == [
+        (("a", "b", "c"), False, False), (("c",), False, True), (("c", "b"), True, False), (("c", "a"), True, True)]
+    assert final_kept(steps) == ("c", "a") and set(dropped_at(steps)) == {"b"}
+    assert not any(ratios.values())  # every timing above was taken, and no other
+
+
+def test_whole_model_check_can_drop_every_group():
+    gains = {f"g{i}": float(i) for i in range(4)}
+    steps = choose_kept(gains, fake_timer(set(gains), []))
     assert final_kept(steps) == () and set(dropped_at(steps)) == set(gains)
-    assert steps[-1] is dropped_at(steps)["g7"]
 
 
 def test_whole_model_check_does_not_drop_on_one_slow_timing():
-    timings = iter([1.1, 1.0])  # slower once, then not: noise, nothing is dropped
+    timings = iter([1.1, 0.99])  # slower once, then not: noise, nothing is dropped
 
     def time_model(kept):
         ratio = next(timings)
@@ -179,8 +208,8 @@ def test_whole_model_check_runs_and_is_recorded(tmp_path, kernel_cache, monkeypa
     assert check["tolerance"] == TOLERANCE and check["steps"]
     assert set(check["steps"][0]["kept"]) == {"group_0", "group_1"}
     assert all([(t["batch"], t["threads"]) for t in s["timings"]] == [(1, 1), (4, 1)] for s in check["steps"])
-    last = check["steps"][-1]
-    kept = set() if last["slower"] else set(last["kept"])
+    accepted = [s for s in check["steps"] if s["accepted"]]
+    kept = set(accepted[-1]["kept"]) if accepted else set()
     for group in report["groups"]:
         if group["name"] in kept:
             assert group["status"] in ("compiled", "cached")
