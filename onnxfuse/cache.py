@@ -79,6 +79,7 @@ class KernelCache:
                 outputs=tuple(TensorSpec(t["dtype"], tuple(t["shape"])) for t in meta["outputs"]),
                 object_file=str(entry / OBJECT),
                 small_batch_below=int(meta.get("small_batch_below", 0)),
+                row_work=int(meta.get("row_work", 0)),
             )
             if not (entry / OBJECT).is_file():
                 return None
@@ -104,6 +105,7 @@ class KernelCache:
                 "outputs": [{"dtype": t.dtype, "shape": list(t.shape)} for t in kernel.spec.outputs],
                 "arg_sources": list(kernel.arg_sources),
                 "small_batch_below": kernel.spec.small_batch_below,
+                "row_work": kernel.spec.row_work,
                 "info": info,
             }
             (staging / META).write_text(json.dumps(meta, indent=1))

@@ -66,13 +66,16 @@ class KernelSpec:
 
     small_batch_below > 0: the object also holds `__tvm_ffi_<name>_small`, the same computation
     scheduled for small batches, which the runtime calls when the product of the symbolic dims
-    is below that value."""
+    is below that value. row_work: innermost iterations per unit of the symbolic dims (0 if
+    unknown); the runtime runs the kernel's parallel loops on onnxruntime's pool only when that
+    product times row_work is worth waking it."""
 
     name: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     object_file: str
     small_batch_below: int = 0
+    row_work: int = 0
 
     @property
     def small_name(self) -> str:

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 import onnxfuse
 from onnxfuse.errors import CompileError
 from onnxfuse.kernel_spec import DOMAIN, DOMAIN_VERSION, ONNX_DTYPE_CODES, KernelSpec, TensorSpec
-from onnxfuse.runtime.library import build_library
+from onnxfuse.runtime.library import build_library, kernel_table_source
 from onnxfuse.session import LIBRARY_METADATA_KEY
 
 tvm = pytest.importorskip("tvm")
@@ -251,6 +251,25 @@ def test_parallel_launch(build, threads):
     rng = np.random.default_rng(3)
     for sess in sessions(model, library, threads):
         for batch in (1000, 1, 0):
+            x = rng.standard_normal((batch, 64), dtype=np.float32)
+            (y,) = sess.run(None, {"x": x})
+            np.testing.assert_allclose(y, 3 * x, rtol=1e-6)
+
+
+@pytest.mark.parametrize("row_work", [1 << 20, 1])
+def test_work_estimate_picks_pool_or_inline_and_both_compute(build, tmp_path, row_work):
+    """A kernel with a work estimate uses onnxruntime's pool only when batch x row_work is worth
+    waking it (1<<20 per row: always; 1 per row: never below a million rows): both paths run the
+    parallel kernel's every task and give numpy's answer."""
+    _, _, objects = build
+    heavy = KernelSpec("parallel_scale", (TensorSpec("float32", ("n", 64)),), (TensorSpec("float32", ("n", 64)),),
+                       objects["parallel_scale"], row_work=row_work)
+    assert f"__tvm_ffi_parallel_scale, NULL, 0, {row_work}," in kernel_table_source([heavy])
+    library = build_library([heavy], tmp_path / LIBRARY_NAME)
+    model = write_model(tmp_path, "work", "parallel_scale", [("x", F32, ["n", 64])], [("y", F32, None)])
+    rng = np.random.default_rng(4)
+    for sess in sessions(model, library, threads=2):
+        for batch in (1, 7, 300):
             x = rng.standard_normal((batch, 64), dtype=np.float32)
             (y,) = sess.run(None, {"x": x})
             np.testing.assert_allclose(y, 3 * x, rtol=1e-6)

@@ -164,7 +164,8 @@ def compile_group(
     inputs = tuple(TensorSpec(dtype, dims) for dtype, dims in group.input_types)
     outputs = tuple(TensorSpec(dtype, dims) for dtype, dims in group.output_types)
     try:
-        spec = KernelSpec(name, inputs, outputs, str(obj), small_batch_below=small_below)
+        spec = KernelSpec(name, inputs, outputs, str(obj), small_batch_below=small_below,
+                          row_work=sched_stats.row_work if sched_stats.symbolic_rows else 0)
     except ValueError as exc:
         raise CompileError(f"spec: {exc}") from exc
     return CompiledGroup(spec, tuple(group.arg_sources), dict(group.extra_weights), stats, model, group.prim_func)

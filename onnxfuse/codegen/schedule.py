@@ -59,6 +59,7 @@ class ScheduleStats:
     parallel: bool = False
     tile_rows: int = 0
     symbolic_rows: bool = False  # the row-tile loop runs over a symbolic (batch) extent
+    row_work: int = 0  # innermost iterations per unit of the symbolic dims (see row_work)
     materialized: int = 0  # blocks left after inlining: each computes its value once per tile
     max_copies: int = 0  # most copies of one inlined expression (<= max_duplication, index copies aside)
     skipped_steps: list[str] = field(default_factory=list)
@@ -152,6 +153,19 @@ def row_elements(sch) -> int:
                 size *= value if value is not None else 1
             widest = max(widest, size)
     return widest
+
+
+def row_work(sch) -> int:
+    """About how much one row costs: the blocks' innermost iterations with every symbolic extent
+    (the batch) taken as 1 (a GEMM row counts its multiply-adds, an elementwise row its elements).
+    The runtime weighs batch x row_work against the cost of waking onnxruntime's pool."""
+    total = 0
+    for block_rv in _blocks(sch):
+        iterations = 1
+        for iv in sch.get(block_rv).iter_vars:
+            iterations *= _static(iv.dom.extent) or 1
+        total += iterations
+    return total
 
 
 def choose_tile_rows(batch: int | None, row_elements: int, gemm: bool = False, small_batch: bool = False) -> int:
@@ -450,6 +464,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     func = simplify(func)
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     stats.blocks = len(_blocks(sch))
+    stats.row_work = row_work(sch)
     widest_row = row_elements(sch)
     inline_cheap_producers(sch, stats, max_duplication)
     separate_read_outputs(sch, stats)

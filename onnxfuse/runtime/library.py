@@ -3,8 +3,9 @@
 The glue (`onnxfuse_runtime.c`) is the same for every library; what differs is the kernel table,
 which this module writes as C (`onnxfuse_kernels.inc`, #included by the glue). The table holds,
 per kernel, its name, its `__tvm_ffi_<name>` entry point (and `__tvm_ffi_<name>_small` with the
-batch below which the glue calls it, or NULL and 0) and the element type and shape of each
-input and output. A static dimension is stored as itself; a symbolic one as `-1 - k`, where k
+batch below which the glue calls it, or NULL and 0), its work per row (for the glue's choice
+between onnxruntime's pool and running inline) and the element type and shape of each input
+and output. A static dimension is stored as itself; a symbolic one as `-1 - k`, where k
 indexes the kernel's own list of symbol names (in order of first appearance in the inputs).
 
 The library exports only `RegisterCustomOps` (a version script hides the kernels too, so two
@@ -98,7 +99,7 @@ def kernel_table_source(kernels: Sequence[KernelSpec]) -> str:
         if symbols:
             lines.append(f"static const char *const {prefix}_symbols[] = {{{', '.join(map(c_string, symbols))}}};")
         entries.append(
-            f"    {{{c_string(kernel.name)}, __tvm_ffi_{kernel.name}, {small}, "
+            f"    {{{c_string(kernel.name)}, __tvm_ffi_{kernel.name}, {small}, {int(kernel.row_work)}, "
             f"{len(kernel.inputs)}, {f'{prefix}_inputs' if kernel.inputs else 'NULL'}, "
             f"{len(kernel.outputs)}, {f'{prefix}_outputs' if kernel.outputs else 'NULL'}, "
             f"{len(symbols)}, {f'{prefix}_symbols' if symbols else 'NULL'}}},"

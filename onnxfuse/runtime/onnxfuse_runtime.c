@@ -44,6 +44,7 @@ typedef struct {
     tvm_kernel_fn fn;
     tvm_kernel_fn small_fn;   /* the same computation scheduled for small batches, or NULL */
     int64_t small_batch_below; /* small_fn runs when the product of the symbolic dims is below this */
+    int64_t row_work;          /* innermost iterations per unit of the symbolic dims; 0 if unknown */
     int32_t num_inputs;
     const tensor_desc *inputs;
     int32_t num_outputs;
@@ -263,8 +264,12 @@ static OrtStatus *bind_outputs(const kernel_desc *k, OrtKernelContext *ctx, call
 }
 
 /* A kernel with a symbolic batch is compiled with a parallel row loop, since the batch may be
- * large. For a small batch, waking onnxruntime's pool threads costs more than the whole call's
- * work (seen: 43 us instead of 16 us at batch 1 on 2 threads), so such calls run inline. */
+ * large. Waking onnxruntime's pool threads costs tens of microseconds on a VM when they sleep
+ * (no spinning): more than small calls' work (seen: 43 us instead of 16 us at batch 1 on 2
+ * threads; the LSTM gate at batch 64 took 27 us on the pool, 23 us inline). So the pool is
+ * used only when batch x row work reaches POOL_MIN_WORK innermost iterations (about 20 us of
+ * one core's GEMM work); kernels without a work estimate fall back to a batch bound. */
+#define POOL_MIN_WORK (1 << 20)
 #define POOL_MIN_BATCH 16
 
 /* The product of the symbolic dims (the batch, for the usual one symbol); -1 for static shapes. */
@@ -275,8 +280,10 @@ static int64_t symbolic_batch(const kernel_desc *k, const call_frame *frame) {
     return batch;
 }
 
-static int worth_the_pool(int64_t batch) {
-    return batch < 0 /* static shapes: codegen parallelizes only large work */ || batch >= POOL_MIN_BATCH;
+static int worth_the_pool(const kernel_desc *k, int64_t batch) {
+    if (batch < 0) return 1; /* static shapes: codegen parallelizes only large work */
+    if (k->row_work > 0) return batch >= POOL_MIN_WORK / k->row_work;
+    return batch >= POOL_MIN_BATCH;
 }
 
 /* A GEMM kernel's main schedule tiles rows by 8; below that only its ragged tail tile runs, which
@@ -295,7 +302,7 @@ static OrtStatus *call_kernel(const kernel_desc *k, const OrtKernelContext *ctx,
     last_error.message[0] = '\0';
     const OrtKernelContext *outer = current_context;
     int64_t batch = symbolic_batch(k, frame);
-    current_context = worth_the_pool(batch) ? ctx : NULL; /* NULL: parallel loops run inline */
+    current_context = worth_the_pool(k, batch) ? ctx : NULL; /* NULL: parallel loops run inline */
     int rc = variant_for(k, batch)(NULL, frame->args, count, &result);
     current_context = outer;
     if (rc == 0) return NULL;
