@@ -78,7 +78,7 @@ def measure_group(
     """Kernel vs onnxruntime on the group at every batch size (symbolic dims) and thread count."""
     import onnxruntime as ort
 
-    from .bench import timing_session_options
+    from .bench import bound_io, timing_session_options
     from .feeds import random_feeds_for_session
 
     kernel_proto = kernel_model(group, kernel, group_model)
@@ -95,7 +95,8 @@ def measure_group(
         for batch in (batches if symbolic else batches[:1]):
             feeds = random_feeds_for_session(original, default_dim=batch, seed=batch)
             moved = bytes_moved(kernel_proto, feeds, original.run(None, feeds))
-            calls = [lambda: fused.run(None, feeds), lambda: original.run(None, feeds)]
+            bound = [bound_io(fused, feeds), bound_io(original, feeds)]  # bench's call style: no numpy conversions
+            calls = [lambda: fused.run_with_iobinding(bound[0]), lambda: original.run_with_iobinding(bound[1])]
             once = [best_of_three(call) for call in calls]
             # Over CLEARLY_SLOWER times slower needs no careful rounds (a 50x slower convolution
             # would otherwise cost seconds per group to measure).

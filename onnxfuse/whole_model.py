@@ -139,7 +139,7 @@ def time_against_original(original: bytes, fused: bytes, library, batches: Seque
     alternating rounds at every batch size (symbolic dims) and thread count."""
     import onnxruntime as ort
 
-    from .bench import alternating_rounds, calls_per_round, timing_session_options
+    from .bench import alternating_rounds, bound_io, calls_per_round, timing_session_options
     from .feeds import random_feeds_for_session
     from .select import best_of_three
 
@@ -157,7 +157,9 @@ def time_against_original(original: bytes, fused: bytes, library, batches: Seque
         for batch in (batches if symbolic else batches[:1]):
             feeds = random_feeds_for_session(original_session, default_dim=batch, seed=batch)
             fused_feeds = {i.name: feeds[i.name] for i in fused_session.get_inputs()}
-            calls = [lambda: fused_session.run(None, fused_feeds), lambda: original_session.run(None, feeds)]
+            bound = [bound_io(fused_session, fused_feeds), bound_io(original_session, feeds)]
+            calls = [lambda: fused_session.run_with_iobinding(bound[0]),
+                     lambda: original_session.run_with_iobinding(bound[1])]
             reps = [calls_per_round(best_of_three(call), ROUND_SECONDS) for call in calls]
             fused_s, ort_s = alternating_rounds(calls, reps, ROUNDS)
             results.append(Comparison(batch, n_threads, statistics.median(fused_s) * 1e3,
