@@ -60,6 +60,11 @@ class TensorSpec:
         return TensorSpec(str(array.dtype), tuple(int(d) for d in array.shape))
 
 
+def small_variant_name(name: str) -> str:
+    """The name of kernel `name`'s small-batch variant (its entry point is __tvm_ffi_<that>)."""
+    return f"{name}_small"
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """One compiled kernel: `__tvm_ffi_<name>` in `object_file`, called as (inputs..., outputs...).
@@ -80,7 +85,7 @@ class KernelSpec:
     @property
     def small_name(self) -> str:
         """The small-batch variant's name (meaningful only if small_batch_below > 0)."""
-        return f"{self.name}_small"
+        return small_variant_name(self.name)
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():

@@ -20,7 +20,7 @@ from onnx import numpy_helper
 import tvm
 
 from ..errors import CompileError
-from ..kernel_spec import KernelSpec, TensorSpec
+from ..kernel_spec import KernelSpec, TensorSpec, small_variant_name
 from ..target import Target
 from . import bounds, relax_import, schedule
 from .relax_import import _short
@@ -121,16 +121,17 @@ def build_object(funcs: dict, name: str, target: Target, out_dir: pathlib.Path) 
 def _variants(fused, name: str, max_duplication: int, small_variant: bool | None, allow_parallel: bool = True):
     """The kernel's functions (name → scheduled, index-checked PrimFunc), the main schedule's
     stats and the number of index checks. small_variant=None decides by the main schedule
-    (schedule.needs_small_batch_variant); the variant is `<name>_small`."""
+    (schedule.needs_small_batch_variant); the variant is named by small_variant_name."""
     scheduled, stats = _schedule_or_plain(fused, allow_parallel, max_duplication=max_duplication)
     checked, n_checks = bounds.add_index_checks(scheduled, name)
     funcs = {name: checked.with_attr("global_symbol", name)}
     if small_variant is None:
         small_variant = schedule.needs_small_batch_variant(stats)
     if small_variant:
+        small_name = small_variant_name(name)
         small, _ = _schedule_or_plain(fused, allow_parallel, max_duplication=max_duplication, small_batch=True)
-        small_checked, _ = bounds.add_index_checks(small, f"{name}_small")
-        funcs[f"{name}_small"] = small_checked.with_attr("global_symbol", f"{name}_small")
+        small_checked, _ = bounds.add_index_checks(small, small_name)
+        funcs[small_name] = small_checked.with_attr("global_symbol", small_name)
     return funcs, stats, n_checks
 
 
