@@ -255,6 +255,29 @@ def bound_io(session, feeds: dict[str, np.ndarray]):
     return binding
 
 
+def bound_call(session, feeds: dict[str, np.ndarray]) -> Callable[[], Any]:
+    """One timed call of `session` on `feeds` through IOBinding (bound here, once)."""
+    binding = bound_io(session, feeds)
+    return lambda: session.run_with_iobinding(binding)
+
+
+def timing_session(model: bytes, threads: int, library=None):
+    """An onnxruntime session to time side by side (timing_session_options, all graph
+    optimizations), with the custom-op `library` registered if one is given."""
+    import onnxruntime as ort
+
+    options = timing_session_options(threads)
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if library is not None:
+        options.register_custom_ops_library(str(library))
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def has_symbolic_inputs(session) -> bool:
+    """Whether any input dimension is symbolic (then the batch sizes apply; else its own shapes)."""
+    return any(isinstance(d, str) or d is None for i in session.get_inputs() for d in i.shape)
+
+
 def tvm_target():
     import tvm
 

@@ -76,9 +76,7 @@ def measure_group(
     threads: tuple[int, ...] = (1,),
 ) -> list[Measurement]:
     """Kernel vs onnxruntime on the group at every batch size (symbolic dims) and thread count."""
-    import onnxruntime as ort
-
-    from .bench import bound_io, timing_session_options
+    from .bench import bound_call, has_symbolic_inputs, timing_session
     from .feeds import random_feeds_for_session
 
     kernel_proto = kernel_model(group, kernel, group_model)
@@ -86,17 +84,12 @@ def measure_group(
     reference_bytes = group_model.SerializeToString()
     results = []
     for n_threads in threads:
-        with_library = timing_session_options(n_threads)
-        with_library.register_custom_ops_library(str(library))
-        fused = ort.InferenceSession(kernel_bytes, with_library, providers=["CPUExecutionProvider"])
-        original = ort.InferenceSession(reference_bytes, timing_session_options(n_threads),
-                                        providers=["CPUExecutionProvider"])
-        symbolic = any(isinstance(d, str) or d is None for i in original.get_inputs() for d in i.shape)
-        for batch in (batches if symbolic else batches[:1]):
+        fused = timing_session(kernel_bytes, n_threads, library)
+        original = timing_session(reference_bytes, n_threads)
+        for batch in (batches if has_symbolic_inputs(original) else batches[:1]):
             feeds = random_feeds_for_session(original, default_dim=batch, seed=batch)
             moved = bytes_moved(kernel_proto, feeds, original.run(None, feeds))
-            bound = [bound_io(fused, feeds), bound_io(original, feeds)]  # bench's call style: no numpy conversions
-            calls = [lambda: fused.run_with_iobinding(bound[0]), lambda: original.run_with_iobinding(bound[1])]
+            calls = [bound_call(fused, feeds), bound_call(original, feeds)]  # bench's call style
             once = [best_of_three(call) for call in calls]
             # Over CLEARLY_SLOWER times slower needs no careful rounds (a 50x slower convolution
             # would otherwise cost seconds per group to measure).

@@ -137,29 +137,17 @@ def time_against_original(original: bytes, fused: bytes, library, batches: Seque
                           threads: Sequence[int]) -> list[Comparison]:
     """The fused model (with `library` registered) against the original, both ORT_ENABLE_ALL, in
     alternating rounds at every batch size (symbolic dims) and thread count."""
-    import onnxruntime as ort
-
-    from .bench import alternating_rounds, bound_io, calls_per_round, timing_session_options
+    from .bench import alternating_rounds, bound_call, calls_per_round, has_symbolic_inputs, timing_session
     from .feeds import random_feeds_for_session
     from .select import best_of_three
 
-    def session(model: bytes, n_threads: int, with_library: bool):
-        options = timing_session_options(n_threads)
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if with_library:
-            options.register_custom_ops_library(str(library))
-        return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-
     results = []
     for n_threads in threads:
-        fused_session, original_session = session(fused, n_threads, True), session(original, n_threads, False)
-        symbolic = any(isinstance(d, str) or d is None for i in original_session.get_inputs() for d in i.shape)
-        for batch in (batches if symbolic else batches[:1]):
+        fused_session, original_session = timing_session(fused, n_threads, library), timing_session(original, n_threads)
+        for batch in (batches if has_symbolic_inputs(original_session) else batches[:1]):
             feeds = random_feeds_for_session(original_session, default_dim=batch, seed=batch)
             fused_feeds = {i.name: feeds[i.name] for i in fused_session.get_inputs()}
-            bound = [bound_io(fused_session, fused_feeds), bound_io(original_session, feeds)]
-            calls = [lambda: fused_session.run_with_iobinding(bound[0]),
-                     lambda: original_session.run_with_iobinding(bound[1])]
+            calls = [bound_call(fused_session, fused_feeds), bound_call(original_session, feeds)]
             reps = [calls_per_round(best_of_three(call), ROUND_SECONDS) for call in calls]
             fused_s, ort_s = alternating_rounds(calls, reps, ROUNDS)
             results.append(Comparison(batch, n_threads, statistics.median(fused_s) * 1e3,
