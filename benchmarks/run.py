@@ -31,7 +31,6 @@ from onnxfuse.bench import (  # noqa: E402
     FUSED,
     BenchOptions,
     bench_model,
-    copy_bandwidth_gbs,
     format_cell,
     format_compile_table,
     format_table,
@@ -39,6 +38,7 @@ from onnxfuse.bench import (  # noqa: E402
     report_json,
 )
 from onnxfuse.errors import OnnxfuseError  # noqa: E402
+from onnxfuse.roofline import copy_bandwidth_gbs  # noqa: E402
 
 MODELS = ROOT / "models"
 RESULTS = ROOT / "benchmarks" / "results"

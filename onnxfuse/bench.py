@@ -554,18 +554,6 @@ def machine_info() -> dict:
     return info
 
 
-def copy_bandwidth_gbs(megabytes: int = 256, repeats: int = 5) -> float:
-    """This machine's memory bandwidth as numpy sees it: bytes read + written by a large copy."""
-    src = np.ones(megabytes * 2**20 // 8)
-    dst = np.empty_like(src)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - start)
-    return round(2 * src.nbytes / best / 1e9, 2)
-
-
 def _cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -209,19 +209,24 @@ def _select_measured(graph, outcomes: list[GroupOutcome], tgt: Target, build_dir
                      progress) -> dict:
     """Time every kernel against onnxruntime on its group and drop the slower ones; then check the
     whole model (see whole_model.py). Returns what the report records of the run as a whole."""
-    from .bench import copy_bandwidth_gbs
+    from .roofline import copy_bandwidth_gbs, gemm_peak_gflops
     from .select import kernel_is_faster, measure_group
 
     compiled = [o for o in outcomes if o.kernel is not None]
     if not compiled:
         return {}
     copy_gbs = copy_bandwidth_gbs(COPY_MEGABYTES)
+    peaks: dict[int, float] = {}  # GEMM peak per thread count, measured once a group has multiply-adds
     library = _build_library([o.kernel for o in compiled], build_dir / "measure.so", tgt)
     gains: dict[str, float] = {}
     for outcome in compiled:
         measurements = measure_group(outcome.group, outcome.kernel, extract_group(graph, outcome.group), library,
                                      batches, threads)
-        outcome.info = {**outcome.info, "measured": [m.to_json(copy_gbs) for m in measurements]}
+        for m in measurements:
+            if m.flops and m.threads not in peaks:
+                peaks[m.threads] = gemm_peak_gflops(m.threads)
+        outcome.info = {**outcome.info,
+                        "measured": [m.to_json(copy_gbs, peaks.get(m.threads)) for m in measurements]}
         if kernel_is_faster(measurements):
             gains[outcome.group.name] = sum(m.gain_us for m in measurements)
         else:
@@ -234,7 +239,8 @@ def _select_measured(graph, outcomes: list[GroupOutcome], tgt: Target, build_dir
             for m in measurements) + ("" if outcome.kernel else " → onnxruntime kept"))
     whole = _check_whole_model(graph, {o.group.name: o for o in compiled}, gains, library, tgt, batches, threads,
                                progress)
-    return {"copy_bandwidth_gbs": copy_gbs, "whole_model_check": whole}
+    return {"copy_bandwidth_gbs": copy_gbs, "gemm_peak_gflops": {str(t): p for t, p in peaks.items()},
+            "whole_model_check": whole}
 
 
 def _check_whole_model(graph, by_name: dict[str, GroupOutcome], gains: dict[str, float], library: Path,

@@ -51,23 +51,30 @@ def _ranges(indices: tuple[int, ...]) -> str:
 
 def format_measured_groups(report: dict) -> str:
     """The groups of a `--select measured` optimize report: per group, batch and thread count, kernel
-    and onnxruntime time, and the kernel's achieved bandwidth against the machine's copy bandwidth;
-    then the whole-model check's steps."""
+    and onnxruntime time, the kernel's achieved bandwidth against the machine's copy bandwidth and,
+    for groups with multiply-adds, its GFLOP/s against the GEMM peak with the largest ratio any
+    kernel could reach (roofline.ratio_bound); then the whole-model check's steps."""
     from .bench import render_table
 
     measured = report.get("measured", {})
     copy_gbs = measured.get("copy_bandwidth_gbs")
-    header = ["group", "ops", "batch", "thr", "kernel µs", "onnxruntime µs", "ratio", "GB/s", "% copy", "used"]
+    peaks = measured.get("gemm_peak_gflops", {})
+    header = ["group", "ops", "batch", "thr", "kernel µs", "onnxruntime µs", "ratio", "GB/s", "% copy",
+              "GFLOP/s", "% peak", "bound", "used"]
     rows = []
     for g in report["groups"]:
         ops = f"{g['size']} [{_ops_summary(tuple(g['op_types']), limit=3)}]"
         for m in g.get("measured", []):
+            compute = ([f"{m['kernel_gflops']:.1f}", f"{m['gemm_peak_pct']:.1f}", f"{m['ratio_bound']:.2f}×"]
+                       if "gemm_peak_pct" in m else ["", "", ""])
             rows.append([g["name"], ops, str(m["batch"]), str(m["threads"]), f"{m['kernel_us']:.1f}",
                          f"{m['onnxruntime_us']:.1f}", f"{m['onnxruntime_us'] / m['kernel_us']:.2f}×",
-                         f"{m['kernel_gbs']:.2f}", f"{m.get('copy_bandwidth_pct', 0.0):.1f}", _used(g)])
+                         f"{m['kernel_gbs']:.2f}", f"{m.get('copy_bandwidth_pct', 0.0):.1f}", *compute, _used(g)])
     lines = [f"copy bandwidth of this machine: {copy_gbs} GB/s (numpy copy, bytes read + written)"
-             if copy_gbs else "no group was compiled: nothing measured",
-             render_table(header, rows, markdown=False)]
+             if copy_gbs else "no group was compiled: nothing measured"]
+    lines += [f"GEMM peak at {threads} thread(s): {peak} GFLOP/s (onnxruntime MatMul, 512x512x512); "
+              "bound = onnxruntime µs / the group's multiply-adds at that peak" for threads, peak in peaks.items()]
+    lines.append(render_table(header, rows, markdown=False))
     check = measured.get("whole_model_check", {})
     if "skipped" in check:
         lines.append(f"whole-model check skipped: {check['skipped']}")

@@ -5,9 +5,9 @@ just the custom node against the group's original nodes (with onnxruntime's own 
 optimizations on). The kernel is kept only if it is at least as fast at every measured batch
 size, which makes "never slower than onnxruntime" true group by group, by construction.
 
-Each measurement also counts the bytes the kernel moves (its inputs, the weights it reads and its
-outputs), so its time can be read as achieved memory bandwidth: a kernel far below the machine's
-copy bandwidth is compute- or latency-bound, one near it has little left to gain.
+Each measurement also counts the bytes the kernel moves and the multiply-adds it does (see
+roofline.py), so its time can be read against the machine's copy bandwidth and GEMM peak: a
+kernel near either bound has little left to gain.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import onnx
 from onnx import helper
 
 from .fusion.plan import FusedGroup
 from .kernel_spec import DOMAIN, DOMAIN_VERSION
 from .package import GroupKernel, custom_op_node
+from .roofline import bytes_moved, multiply_add_flops, ratio_bound
 
 ROUNDS = 15
 ROUND_SECONDS = 0.004  # each contender runs about this long per round
@@ -37,6 +37,7 @@ class Measurement:
     kernel_us: float
     onnxruntime_us: float
     bytes_moved: int = 0  # the kernel's inputs, weights and outputs at this batch
+    flops: int = 0  # its MatMul/Gemm/Conv floating-point operations at this batch
 
     @property
     def gain_us(self) -> float:
@@ -47,12 +48,25 @@ class Measurement:
         """Achieved bandwidth: bytes moved per second of kernel time, in GB/s."""
         return self.bytes_moved / self.kernel_us / 1e3 if self.kernel_us > 0 else 0.0
 
-    def to_json(self, copy_gbs: float | None = None) -> dict:
+    @property
+    def kernel_gflops(self) -> float:
+        """Achieved compute: floating-point operations per second of kernel time, in GFLOP/s."""
+        return self.flops / self.kernel_us / 1e3 if self.kernel_us > 0 else 0.0
+
+    def to_json(self, copy_gbs: float | None = None, peak_gflops: float | None = None) -> dict:
+        """The measurement, with its shares of the machine's copy bandwidth and of its GEMM peak at
+        this thread count when those are given."""
         out = {"batch": self.batch, "threads": self.threads, "kernel_us": round(self.kernel_us, 2),
                "onnxruntime_us": round(self.onnxruntime_us, 2), "bytes": self.bytes_moved,
                "kernel_gbs": round(self.kernel_gbs, 3)}
         if copy_gbs:
             out["copy_bandwidth_pct"] = round(100 * self.kernel_gbs / copy_gbs, 1)
+        if self.flops:
+            out.update(flops=self.flops, kernel_gflops=round(self.kernel_gflops, 2))
+            bound = ratio_bound(self.flops, self.onnxruntime_us, peak_gflops or 0.0)
+            if bound is not None:
+                out.update(gemm_peak_pct=round(100 * self.kernel_gflops / peak_gflops, 1),
+                           ratio_bound=round(bound, 2))
         return out
 
 
@@ -89,25 +103,15 @@ def measure_group(
         for batch in (batches if has_symbolic_inputs(original) else batches[:1]):
             feeds = random_feeds_for_session(original, default_dim=batch, seed=batch)
             moved = bytes_moved(kernel_proto, feeds, original.run(None, feeds))
+            flops = multiply_add_flops(group_model, feeds)
             calls = [bound_call(fused, feeds), bound_call(original, feeds)]  # bench's call style
             once = [best_of_three(call) for call in calls]
             # Over CLEARLY_SLOWER times slower needs no careful rounds (a 50x slower convolution
             # would otherwise cost seconds per group to measure).
             clear = once[0] > CLEARLY_SLOWER * once[1]
             kernel_s, ort_s = once if clear else alternate_medians(calls, once)
-            results.append(Measurement(batch, n_threads, kernel_s * 1e6, ort_s * 1e6, moved))
+            results.append(Measurement(batch, n_threads, kernel_s * 1e6, ort_s * 1e6, moved, flops))
     return results
-
-
-def bytes_moved(model: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs) -> int:
-    """Bytes a model's single kernel reads and writes once: its inputs, its initializers, its outputs.
-
-    A lower bound on its memory traffic (intermediates kept in caches are free), which is what
-    makes bytes / time comparable with the machine's copy bandwidth.
-    """
-    weights = sum(int(np.prod(t.dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-                  for t in model.graph.initializer)
-    return weights + sum(np.asarray(a).nbytes for a in feeds.values()) + sum(np.asarray(a).nbytes for a in outputs)
 
 
 def alternate_medians(contenders, once: list[float], rounds: int = ROUNDS,

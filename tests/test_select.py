@@ -14,7 +14,7 @@ import onnxfuse.select
 import onnxfuse.whole_model
 from onnx_builder import model, node, weights
 from onnxfuse.optimize import optimize
-from onnxfuse.select import Measurement, alternate_medians, bytes_moved, kernel_is_faster
+from onnxfuse.select import Measurement, alternate_medians, kernel_is_faster
 from onnxfuse.whole_model import TOLERANCE, Comparison, choose_kept, dropped_at, final_kept
 from onnxfuse_cli.main import main
 from test_optimize import MODELS, assert_outputs_match, random_inputs, run_both
@@ -60,22 +60,7 @@ def test_measured_selection_refuses_kernels_this_machine_cannot_run(tmp_path):
         optimize(tmp_path / "not-even-read.onnx", tmp_path / "o.onnx", target="aarch64", select="measured")
 
 
-# -- achieved bandwidth ---------------------------------------------------------------------------
-
-def test_bytes_moved_counts_inputs_weights_and_outputs_like_numpy():
-    w, idx = weights(16, 8), np.arange(3, dtype=np.int64)
-    m = model([node("MatMul", ["x", "w"], "y")], {"x": ("N", 16)}, {"y": ("N", 8)}, {"w": w, "idx": idx})
-    x = np.zeros((5, 16), np.float32)
-    y = x @ w
-    assert bytes_moved(m, {"x": x}, [y]) == x.nbytes + w.nbytes + idx.nbytes + y.nbytes == 5 * 16 * 4 + 16 * 8 * 4 + 3 * 8 + 5 * 8 * 4
-
-
-def test_achieved_bandwidth_and_its_share_of_the_copy_bandwidth():
-    m = Measurement(64, 1, kernel_us=10.0, onnxruntime_us=25.0, bytes_moved=200_000)
-    assert m.kernel_gbs == pytest.approx(20.0) and m.gain_us == 15.0
-    assert m.to_json(copy_gbs=40.0)["copy_bandwidth_pct"] == 50.0
-    assert "copy_bandwidth_pct" not in m.to_json()
-
+# -- achieved bandwidth and compute (the rules themselves: test_roofline.py) --------------------
 
 def test_cli_bench_groups_prints_each_measured_group(tmp_path):
     out = tmp_path / "groups.json"
@@ -85,8 +70,10 @@ def test_cli_bench_groups_prints_each_measured_group(tmp_path):
     report = json.loads(out.read_text())
     copy_gbs = report["measured"]["copy_bandwidth_gbs"]
     assert copy_gbs > 0 and f"copy bandwidth of this machine: {copy_gbs} GB/s" in result.output
-    header, rule, *rows = result.output.splitlines()[1:]
-    assert header.split()[:4] == ["group", "ops", "batch", "thr"] and "% copy" in header
+    peak = report["measured"]["gemm_peak_gflops"]["1"]
+    assert peak > 0 and f"GEMM peak at 1 thread(s): {peak} GFLOP/s" in result.output
+    header, rule, *rows = result.output.splitlines()[2:]
+    assert header.split()[:4] == ["group", "ops", "batch", "thr"] and "% copy" in header and "% peak" in header
     w = onnx.numpy_helper.to_array(onnx.load(str(MODELS / "lstm_gate.onnx")).graph.initializer[0])
     (group,) = report["groups"]  # X[N,64] @ W → ... → Y[N,64]: one group reading X and W, writing Y
     for m, row in zip(group["measured"], rows):
@@ -94,11 +81,15 @@ def test_cli_bench_groups_prints_each_measured_group(tmp_path):
         assert m["bytes"] == 2 * np.zeros((batch, 64), np.float32).nbytes + w.nbytes
         assert m["kernel_gbs"] == pytest.approx(m["bytes"] / m["kernel_us"] / 1e3, rel=1e-2)
         assert m["copy_bandwidth_pct"] == pytest.approx(100 * m["kernel_gbs"] / copy_gbs, abs=0.1)
+        assert m["flops"] == 2 * batch * 64 * 192  # X[N,64] @ W[64,192]
+        assert m["gemm_peak_pct"] == pytest.approx(100 * m["kernel_gflops"] / peak, abs=0.1)
+        assert m["ratio_bound"] == pytest.approx(m["onnxruntime_us"] / (m["flops"] / peak / 1e3), rel=1e-2)
         cells = re.split(r"\s{2,}", row.strip())
         assert cells[:4] == ["group_0", "7 [MatMul, Split, Sigmoid, … (4 more kinds)]", str(batch), "1"]
         assert cells[4:9] == [f"{m['kernel_us']:.1f}", f"{m['onnxruntime_us']:.1f}",
                               f"{m['onnxruntime_us'] / m['kernel_us']:.2f}×", f"{m['kernel_gbs']:.2f}",
                               f"{m['copy_bandwidth_pct']:.1f}"]
+        assert cells[9:13] == [f"{m['kernel_gflops']:.1f}", f"{m['gemm_peak_pct']:.1f}", f"{m['ratio_bound']:.2f}×", "yes"]
     assert [m["batch"] for m in group["measured"]] == [1, 4]
 
 

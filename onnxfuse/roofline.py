@@ -1,0 +1,141 @@
+"""What a kernel asks of the machine, and what the machine can give: bytes and multiply-adds
+against measured copy bandwidth and GEMM peak.
+
+A measured kernel time means little alone. Next to these bounds it says whether anything is
+left to gain: a GEMM-bound group already near the machine's GEMM peak can beat onnxruntime only
+by as much as onnxruntime falls short of that peak (`ratio_bound`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+PEAK_MATMUL_SIZE = 512  # a square float32 MatMul this large runs near the GEMM routine's peak
+PEAK_CALLS = 8
+
+
+def bytes_moved(model: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs) -> int:
+    """Bytes a model's single kernel reads and writes once: its inputs, its initializers, its outputs.
+
+    A lower bound on its memory traffic (intermediates kept in caches are free), which is what
+    makes bytes / time comparable with the machine's copy bandwidth.
+    """
+    weights = sum(int(np.prod(t.dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+                  for t in model.graph.initializer)
+    return weights + sum(np.asarray(a).nbytes for a in feeds.values()) + sum(np.asarray(a).nbytes for a in outputs)
+
+
+def multiply_add_flops(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> int:
+    """Floating-point operations of the model's MatMul, Gemm and Conv nodes at the shapes of
+    `feeds` (2 per multiply-add); nodes whose shapes cannot be inferred count 0.
+
+    These dominate any group that has them, so flops / time is comparable with the GEMM peak."""
+    shapes = _inferred_shapes(model, feeds)
+    total = 0
+    for node in model.graph.node:
+        count = _FLOP_COUNTERS.get(node.op_type)
+        if count is None:
+            continue
+        dims = [shapes.get(name) for name in list(node.input) + list(node.output)]
+        if all(d is not None for d in dims[:2]) and dims[len(node.input)] is not None:
+            total += count(node, dims[: len(node.input)], dims[len(node.input)])
+    return total
+
+
+def _matmul_flops(node, inputs, output) -> int:
+    a = inputs[0]
+    return 2 * _size(output) * a[-1]
+
+
+def _gemm_flops(node, inputs, output) -> int:
+    trans_a = next((attr.i for attr in node.attribute if attr.name == "transA"), 0)
+    a = inputs[0]
+    return 2 * _size(output) * (a[0] if trans_a else a[1])
+
+
+def _conv_flops(node, inputs, output) -> int:
+    weight = inputs[1]  # [C_out, C_in / group, k...]: every output element reads one filter
+    return 2 * _size(output) * _size(weight[1:])
+
+
+_FLOP_COUNTERS = {"MatMul": _matmul_flops, "Gemm": _gemm_flops, "Conv": _conv_flops}
+
+
+def _size(dims) -> int:
+    return int(np.prod(dims, dtype=np.int64))
+
+
+def _inferred_shapes(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    """Every value's static shape once the graph inputs take the feeds' shapes."""
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for value in fixed.graph.input:
+        if value.name in feeds:
+            dims = value.type.tensor_type.shape.dim
+            del dims[:]
+            for extent in np.shape(feeds[value.name]):
+                dims.add().dim_value = int(extent)
+    del fixed.graph.value_info[:]
+    try:
+        inferred = onnx.shape_inference.infer_shapes(fixed)
+    except Exception:  # a model onnx cannot infer: count what its declared shapes give
+        inferred = fixed
+    shapes = {t.name: tuple(t.dims) for t in inferred.graph.initializer}
+    g = inferred.graph
+    for value in list(g.input) + list(g.value_info) + list(g.output):
+        dims = value.type.tensor_type.shape.dim
+        if value.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+            shapes[value.name] = tuple(d.dim_value for d in dims)
+    return shapes
+
+
+def copy_bandwidth_gbs(megabytes: int = 256, repeats: int = 5) -> float:
+    """This machine's memory bandwidth as numpy sees it: bytes read + written by a large copy."""
+    src = np.ones(megabytes * 2**20 // 8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return round(2 * src.nbytes / best / 1e9, 2)
+
+
+def gemm_peak_gflops(threads: int, size: int = PEAK_MATMUL_SIZE, calls: int = PEAK_CALLS) -> float:
+    """GFLOP/s of onnxruntime's own GEMM on a large square float32 MatMul at `threads` threads
+    (best of `calls`): the practical compute peak both onnxruntime and our kernels are held to."""
+    import onnxruntime as ort
+
+    from .bench import timing_session
+
+    rng = np.random.default_rng(0)
+    b = numpy_helper.from_array(rng.standard_normal((size, size)).astype(np.float32), "b")
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm_peak",
+                              [helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [size, size])],
+                              [helper.make_tensor_value_info("c", onnx.TensorProto.FLOAT, [size, size])], [b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    session = timing_session(model.SerializeToString(), threads)
+    binding = session.io_binding()
+    a = rng.standard_normal((size, size)).astype(np.float32)
+    binding.bind_cpu_input("a", a)
+    binding.bind_ortvalue_output("c", ort.OrtValue.ortvalue_from_shape_and_type((size, size), np.float32))
+    session.run_with_iobinding(binding)
+    best = float("inf")
+    for _ in range(calls):
+        start = time.perf_counter()
+        session.run_with_iobinding(binding)
+        best = min(best, time.perf_counter() - start)
+    return round(2 * size**3 / best / 1e9, 1)
+
+
+def ratio_bound(flops: int, onnxruntime_us: float, peak_gflops: float) -> float | None:
+    """The largest speedup over onnxruntime any kernel could reach on compute alone: onnxruntime's
+    time over the time of `flops` at the GEMM peak. None when there is nothing to bound."""
+    if flops <= 0 or peak_gflops <= 0:
+        return None
+    floor_us = flops / peak_gflops / 1e3
+    return onnxruntime_us / floor_us

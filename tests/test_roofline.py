@@ -1,0 +1,69 @@
+"""roofline: the bytes and multiply-adds a kernel asks for, and the machine bounds they meet."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnx_builder import model, node, weights
+from onnxfuse.roofline import bytes_moved, gemm_peak_gflops, multiply_add_flops, ratio_bound
+from onnxfuse.select import Measurement
+
+
+def test_bytes_moved_counts_inputs_weights_and_outputs_like_numpy():
+    w, idx = weights(16, 8), np.arange(3, dtype=np.int64)
+    m = model([node("MatMul", ["x", "w"], "y")], {"x": ("N", 16)}, {"y": ("N", 8)}, {"w": w, "idx": idx})
+    x = np.zeros((5, 16), np.float32)
+    y = x @ w
+    assert bytes_moved(m, {"x": x}, [y]) == x.nbytes + w.nbytes + idx.nbytes + y.nbytes == 5 * 16 * 4 + 16 * 8 * 4 + 3 * 8 + 5 * 8 * 4
+
+
+def test_flops_of_a_matmul_chain_follow_the_batch():
+    """x[N,16] @ w1[16,32] → relu → @ w2[32,8]: 2·N·16·32 + 2·N·32·8, at whatever batch the feeds have."""
+    m = model([node("MatMul", ["x", "w1"], "h"), node("Relu", ["h"], "r"), node("MatMul", ["r", "w2"], "y")],
+              {"x": ("N", 16)}, {"y": ("N", 8)}, {"w1": weights(16, 32), "w2": weights(32, 8)})
+    for batch in (1, 7):
+        assert multiply_add_flops(m, {"x": np.zeros((batch, 16), np.float32)}) == 2 * batch * (16 * 32 + 32 * 8)
+
+
+def test_flops_of_a_batched_matmul_transposed_gemm_and_grouped_conv():
+    batched = model([node("MatMul", ["a", "b"], "y")], {"a": (3, 5, 4), "b": (3, 4, 6)}, {"y": (3, 5, 6)})
+    feeds = {"a": np.zeros((3, 5, 4), np.float32), "b": np.zeros((3, 4, 6), np.float32)}
+    assert multiply_add_flops(batched, feeds) == 2 * 3 * 5 * 4 * 6
+
+    gemm = model([node("Gemm", ["a", "w", "c"], "y", transA=1)], {"a": (10, "N")}, {"y": ("N", 3)},
+                 {"w": weights(10, 3), "c": weights(3)})
+    assert multiply_add_flops(gemm, {"a": np.zeros((10, 4), np.float32)}) == 2 * 4 * 10 * 3
+
+    # 8 → 6 channels in 2 groups, 3x3 filters, 10x10 → 8x8: each output reads 4 channels x 9 taps
+    conv = model([node("Conv", ["x", "w"], "y", group=2)], {"x": ("N", 8, 10, 10)}, ["y"], {"w": weights(6, 4, 3, 3)})
+    assert multiply_add_flops(conv, {"x": np.zeros((2, 8, 10, 10), np.float32)}) == 2 * (2 * 6 * 8 * 8) * (4 * 3 * 3)
+
+
+def test_groups_without_multiply_adds_count_none():
+    m = model([node("Sigmoid", ["x"], "y")], {"x": ("N", 4)}, {"y": ("N", 4)})
+    assert multiply_add_flops(m, {"x": np.zeros((3, 4), np.float32)}) == 0
+
+
+def test_achieved_bandwidth_and_its_share_of_the_copy_bandwidth():
+    m = Measurement(64, 1, kernel_us=10.0, onnxruntime_us=25.0, bytes_moved=200_000)
+    assert m.kernel_gbs == pytest.approx(20.0) and m.gain_us == 15.0
+    assert m.to_json(copy_gbs=40.0)["copy_bandwidth_pct"] == 50.0
+    assert "copy_bandwidth_pct" not in m.to_json()
+
+
+def test_achieved_compute_its_share_of_the_peak_and_the_ratio_bound():
+    """2 MFLOP in 40 µs is 50 GFLOP/s: half of a 100 GFLOP/s peak, where the work would take 20 µs,
+    so against onnxruntime's 60 µs no kernel could be more than 3x faster."""
+    m = Measurement(64, 1, kernel_us=40.0, onnxruntime_us=60.0, flops=2_000_000)
+    assert m.kernel_gflops == pytest.approx(50.0)
+    out = m.to_json(peak_gflops=100.0)
+    assert out["gemm_peak_pct"] == 50.0 and out["ratio_bound"] == pytest.approx(3.0)
+    assert "gemm_peak_pct" not in m.to_json()  # no peak measured: no share of it
+    assert "flops" not in Measurement(64, 1, 40.0, 60.0).to_json(peak_gflops=100.0)
+    assert ratio_bound(0, 60.0, 100.0) is None
+
+
+def test_the_gemm_peak_is_a_measured_rate_below_any_x86_cores_limit():
+    """A sanity range, not a speed assertion: above 1 GFLOP/s, below 64 FLOP per cycle at 6 GHz."""
+    assert 1.0 < gemm_peak_gflops(1, size=128, calls=2) < 64 * 6.0
