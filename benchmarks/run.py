@@ -34,10 +34,12 @@ from onnxfuse.bench import (  # noqa: E402
     format_cell,
     format_compile_table,
     format_table,
+    measure_groups,
     render_table,
     report_json,
 )
 from onnxfuse.errors import OnnxfuseError  # noqa: E402
+from onnxfuse.report import format_measured_groups  # noqa: E402
 from onnxfuse.roofline import copy_bandwidth_gbs  # noqa: E402
 
 MODELS = ROOT / "models"
@@ -62,6 +64,9 @@ FOREST = BenchOptions(batches=(1, 1000, 10000), threads=(1,), rounds=11, budget_
 CELLS = ("lstm_gate", "lstm_cell", "gru_cell")
 CELLS_RUN = BenchOptions(batches=(1, 64), threads=(1,), rounds=15, budget_seconds=4.0, tvm=False,
                          cache_dir=str(KERNELS), select="measured", call_style="run")
+# Per group of the cells: GFLOP/s against the machine's GEMM peak and the bound that puts on any
+# speedup over onnxruntime (bench --groups).
+CELL_GROUPS = BenchOptions(batches=(1, 64), threads=(1, 2), cache_dir=str(KERNELS))
 # Compile time against depth: spine trees (2·depth+1 nodes each) give the same 14-op-per-level tree_trav program
 # as complete trees, whose tables (2^(depth+1) nodes) cannot even be built at depth 32.
 COMPILE_DEPTHS = ((3, 100), (8, 100), (16, 100), (32, 100))
@@ -125,16 +130,30 @@ def run_models() -> dict:
     for name in ("tree_trav_100x8", "perf_tree_trav_100x8"):
         bench_one(forest[name], FOREST, results, failures,
                   extra_models={ML_REFERENCE: str(forest["tree_ensemble_100x8"])})
+    groups = {cell: cell_groups(cell) for cell in CELLS}
     seconds = time.perf_counter() - started
     report = report_json(results, SMALL, {
         "sets": {"models/": SMALL.__dict__, "cells [session.run]": CELLS_RUN.__dict__, "light": LIGHT_OPTIONS.__dict__,
-                 "forest 100x8": FOREST.__dict__},
-        "copy_bandwidth_gbs": copy_bandwidth_gbs(), "failures": failures, "seconds": round(seconds, 1)})
+                 "forest 100x8": FOREST.__dict__, "cell groups": CELL_GROUPS.__dict__},
+        "cell_groups": groups, "copy_bandwidth_gbs": copy_bandwidth_gbs(), "failures": failures,
+        "seconds": round(seconds, 1)})
     notes = notes_text(results)
-    tables = [format_table(results), format_compile_table(results), notes]
-    markdown = [format_table(results, markdown=True), format_compile_table(results, markdown=True), notes]
+    rooflines = "\n\n".join(f"{cell} (bench --groups):\n{format_measured_groups(report)}"
+                            for cell, report in groups.items() if "groups" in report)
+    tables = [format_table(results), format_compile_table(results), notes, rooflines]
+    markdown = [format_table(results, markdown=True), format_compile_table(results, markdown=True), notes,
+                f"```\n{rooflines}\n```"]
     write_results("latest", report, tables, markdown, seconds, failures)
     return report
+
+
+def cell_groups(cell: str) -> dict:
+    """`bench --groups` on one cell: each group's kernel and onnxruntime times with its roofline."""
+    log(f"{cell}: groups against the machine's peaks")
+    try:
+        return measure_groups(MODELS / f"{cell}.onnx", CELL_GROUPS)
+    except OnnxfuseError as exc:
+        return {"error": str(exc)}
 
 
 def run_trees() -> dict:
