@@ -562,6 +562,7 @@ typedef struct {
 } workspace_cache;
 
 static _Thread_local workspace_cache cache;
+static _Thread_local int cache_registered; /* this thread's cache has its exit destructor */
 static pthread_key_t cache_key; /* its destructor frees a thread's cached blocks at thread exit */
 static pthread_once_t cache_key_once = PTHREAD_ONCE_INIT;
 
@@ -605,8 +606,11 @@ static int free_workspace(int device_type, int device_id, void *ptr) {
     (void)device_type, (void)device_id;
     if (!ptr) return 0;
     void *block = (char *)ptr - WORKSPACE_ALIGNMENT;
-    pthread_once(&cache_key_once, make_cache_key);
-    pthread_setspecific(cache_key, &cache); /* frees this thread's blocks when it exits */
+    if (!cache_registered) {
+        pthread_once(&cache_key_once, make_cache_key);
+        pthread_setspecific(cache_key, &cache); /* frees this thread's blocks when it exits */
+        cache_registered = 1;
+    }
     for (int i = 0; i < WORKSPACE_CACHE_SLOTS; i++) {
         if (!cache.block[i]) {
             cache.block[i] = block;
