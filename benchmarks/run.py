@@ -176,8 +176,8 @@ def run_trees() -> dict:
     notes += ("\nCompile time against depth uses 100 spine trees (2·depth+1 nodes each): the same 14-op-per-level "
               "tree_trav program as complete trees, whose tables (2^(depth+1) nodes per tree) cannot be built at "
               "depth 32. Each chain is compiled as one group (--max-depth 512; with the default 256 the depth-32 "
-              "chain is cut in two at a flattened [N*100] index, and both halves fall back: the runtime describes "
-              "output dims only as constants or input dims). Kernel compile s sums the groups' compile times.")
+              "chain is cut in two at a flattened [N*100] index, and the halves are two kernels joined by that "
+              "index). Kernel compile s sums the groups' compile times.")
     tables = [trees_table(results), compile_table(compile_rows), notes]
     markdown = [trees_table(results, markdown=True), compile_table(compile_rows, markdown=True), notes]
     write_results("trees", report, tables, markdown, seconds, failures)

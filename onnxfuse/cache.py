@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 
 from . import __version__
-from .kernel_spec import KernelSpec, TensorSpec
+from .kernel_spec import DerivedDim, KernelSpec, TensorSpec
 from .package import GroupKernel
 
 OBJECT = "kernel.o"
@@ -75,8 +75,8 @@ class KernelCache:
             meta = json.loads((entry / META).read_text())
             spec = KernelSpec(
                 name=meta["name"],
-                inputs=tuple(TensorSpec(t["dtype"], tuple(t["shape"])) for t in meta["inputs"]),
-                outputs=tuple(TensorSpec(t["dtype"], tuple(t["shape"])) for t in meta["outputs"]),
+                inputs=tuple(TensorSpec(t["dtype"], _dims_from_json(t["shape"])) for t in meta["inputs"]),
+                outputs=tuple(TensorSpec(t["dtype"], _dims_from_json(t["shape"])) for t in meta["outputs"]),
                 object_file=str(entry / OBJECT),
                 small_batch_below=int(meta.get("small_batch_below", 0)),
                 row_work=int(meta.get("row_work", 0)),
@@ -101,8 +101,8 @@ class KernelCache:
                 np.savez(staging / WEIGHTS, **kernel.extra_weights)
             meta = {
                 "name": kernel.spec.name,
-                "inputs": [{"dtype": t.dtype, "shape": list(t.shape)} for t in kernel.spec.inputs],
-                "outputs": [{"dtype": t.dtype, "shape": list(t.shape)} for t in kernel.spec.outputs],
+                "inputs": [{"dtype": t.dtype, "shape": _dims_to_json(t.shape)} for t in kernel.spec.inputs],
+                "outputs": [{"dtype": t.dtype, "shape": _dims_to_json(t.shape)} for t in kernel.spec.outputs],
                 "arg_sources": list(kernel.arg_sources),
                 "small_batch_below": kernel.spec.small_batch_below,
                 "row_work": kernel.spec.row_work,
@@ -118,3 +118,13 @@ class KernelCache:
             raise
         cached = self.load(key)
         return cached[0] if cached else kernel
+
+
+def _dims_to_json(shape) -> list:
+    """Dims as JSON: ints and symbol names as themselves, derived dims as objects."""
+    return [{"symbol": d.symbol, "multiplier": d.multiplier, "divisor": d.divisor} if isinstance(d, DerivedDim) else d
+            for d in shape]
+
+
+def _dims_from_json(dims: list) -> tuple:
+    return tuple(DerivedDim(**d) if isinstance(d, dict) else d for d in dims)

@@ -30,8 +30,33 @@ ONNX_DTYPE_CODES = {
     "uint64": 13,
 }
 
-Dim = int | str
-"""A dimension: an int is static, a str names a symbolic dimension bound from the inputs at run time."""
+@dataclass(frozen=True)
+class DerivedDim:
+    """An output dimension computed from a symbol: symbol * multiplier // divisor.
+
+    Chains that flatten `[N, 100]` to `[N*100]` give such outputs (multiplier 100), and chains
+    that fold a flat input `[M]` back give `M // 100` (divisor 100). Inputs never carry one:
+    their dims bind the symbols."""
+
+    symbol: str
+    multiplier: int = 1
+    divisor: int = 1
+
+    def __post_init__(self) -> None:
+        if self.multiplier < 1 or self.divisor < 1:
+            raise ValueError(f"derived dim {self}: multiplier and divisor must be >= 1")
+
+    def value(self, bindings: dict[str, int]) -> int:
+        return bindings[self.symbol] * self.multiplier // self.divisor
+
+    def __str__(self) -> str:
+        return self.symbol + (f"*{self.multiplier}" if self.multiplier != 1 else "") + (
+            f"//{self.divisor}" if self.divisor != 1 else "")
+
+
+Dim = int | str | DerivedDim
+"""A dimension: an int is static, a str names a symbolic dimension bound from the inputs at run
+time, a DerivedDim (outputs only) is computed from one."""
 
 
 @dataclass(frozen=True)
@@ -49,11 +74,17 @@ class TensorSpec:
 
     @property
     def symbols(self) -> tuple[str, ...]:
-        return tuple(d for d in self.shape if isinstance(d, str))
+        """The symbols this tensor's dims name, derived dims' included."""
+        return tuple(d.symbol if isinstance(d, DerivedDim) else d for d in self.shape if not isinstance(d, int))
+
+    @property
+    def has_derived_dims(self) -> bool:
+        return any(isinstance(d, DerivedDim) for d in self.shape)
 
     def concrete(self, bindings: dict[str, int]) -> tuple[int, ...]:
         """The shape with every symbolic dimension replaced by its bound value."""
-        return tuple(bindings[d] if isinstance(d, str) else d for d in self.shape)
+        return tuple(bindings[d] if isinstance(d, str) else d.value(bindings) if isinstance(d, DerivedDim) else d
+                     for d in self.shape)
 
     @staticmethod
     def of(array: np.ndarray) -> "TensorSpec":
@@ -90,6 +121,9 @@ class KernelSpec:
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
             raise ValueError(f"kernel name {self.name!r} must be a C identifier")
+        derived_inputs = [str(t.shape) for t in self.inputs if t.has_derived_dims]
+        if derived_inputs:
+            raise ValueError(f"kernel {self.name}: input dims must be static or named, got {derived_inputs[0]}")
         bound = {s for t in self.inputs for s in t.symbols}
         unbound = {s for t in self.outputs for s in t.symbols} - bound
         if unbound:

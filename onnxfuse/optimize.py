@@ -25,7 +25,7 @@ from .errors import CompileError, UsageError
 from .extract import extract_group
 from .fusion.partition import FusionOptions
 from .fusion.plan import FusedGroup, FusionPlan, plan_fusion
-from .kernel_spec import KernelSpec
+from .kernel_spec import DerivedDim, KernelSpec
 from .loader import load_model
 from .ops import uncompetitive_ops
 from .package import GroupKernel, package_model
@@ -360,7 +360,7 @@ def verify_kernel(compiled, group_model: onnx.ModelProto) -> dict:
     if compiled.spec.small_batch_below:  # 1 and 3 run the small-batch variant: a full tile and a tail too
         sizes.append((compiled.spec.small_batch_below + 3, 2))
     for dim, seed in sizes:
-        feeds = random_feeds_for_session(session, default_dim=dim, seed=seed)
+        feeds = random_feeds_for_session(session, _whole_multiples(compiled.spec, dim), default_dim=dim, seed=seed)
         try:
             expected = session.run(None, feeds)
         except Exception as exc:
@@ -372,6 +372,13 @@ def verify_kernel(compiled, group_model: onnx.ModelProto) -> dict:
                 raise CompileError(f"verify: output {meta.name} differs from onnxruntime (max abs error {cmp.max_abs_error:.3g})")
             worst = max(worst, cmp.max_abs_error)
     return {"checked": True, "max_abs_error": worst}
+
+
+def _whole_multiples(spec: KernelSpec, dim: int) -> dict[str, int]:
+    """Symbols an output divides (`M // 100` folds a flat `[M]` back to rows) set to `dim` whole
+    multiples of that divisor: random inputs must fold evenly, as the real ones do."""
+    return {d.symbol: dim * d.divisor for t in spec.outputs for d in t.shape
+            if isinstance(d, DerivedDim) and d.divisor > 1}
 
 
 def _first_line(exc: BaseException) -> str:

@@ -28,6 +28,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 from ..errors import CompileError
+from ..kernel_spec import DerivedDim, Dim
 from .fast_math import FastMath
 from .legalize import CUSTOM_LEGALIZE, FoldShapeTake
 
@@ -46,13 +47,33 @@ class ImportedGroup:
     output_types: list = field(default_factory=list)  # (dtype, shape dims) per output
 
 
-def _dim(value) -> int | str:
-    """A Relax/TIR shape dimension as a KernelSpec dim: an int, or the name of a symbolic var."""
+def _dim(value) -> Dim:
+    """A Relax/TIR shape dimension as a KernelSpec dim: an int, the name of a symbolic var, or a
+    DerivedDim for `var * c`, `var // c` and `var * a // b`; any other expression is refused."""
     if isinstance(getattr(value, "value", None), int):
         return int(value.value)
     if isinstance(value, tvm.tirx.Var):
         return str(value.name)
-    raise CompileError(f"shapes: dimension {value} is an expression, not a named dim")
+    derived = _derived_dim(value)
+    if derived is None:
+        raise CompileError(f"shapes: dimension {value} is an expression, not a named dim")
+    return derived
+
+
+def _derived_dim(expr) -> DerivedDim | None:
+    tirx = tvm.tirx
+    if isinstance(expr, tirx.Var):
+        return DerivedDim(str(expr.name))
+    if isinstance(expr, tirx.Mul):
+        var_side, const_side = (expr.a, expr.b) if isinstance(expr.b, tirx.IntImm) else (expr.b, expr.a)
+        inner = _derived_dim(var_side) if isinstance(const_side, tirx.IntImm) else None
+        if inner is not None and inner.divisor == 1 and const_side.value >= 1:
+            return DerivedDim(inner.symbol, inner.multiplier * int(const_side.value))
+    if isinstance(expr, tirx.FloorDiv) and isinstance(expr.b, tirx.IntImm) and expr.b.value >= 1:
+        inner = _derived_dim(expr.a)
+        if inner is not None and inner.divisor == 1:
+            return DerivedDim(inner.symbol, inner.multiplier, int(expr.b.value))
+    return None
 
 
 def _tensor_types(ty) -> list:

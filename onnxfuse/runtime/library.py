@@ -7,6 +7,8 @@ batch below which the glue calls it, or NULL and 0), its work per row (for the g
 between onnxruntime's pool and running inline) and the element type and shape of each input
 and output. A static dimension is stored as itself; a symbolic one as `-1 - k`, where k
 indexes the kernel's own list of symbol names (in order of first appearance in the inputs).
+An output with derived dims (symbol * multiplier // divisor) also gets a (multiplier, divisor)
+pair per dim, (1, 1) for plain ones; other tensors have none (NULL).
 
 The library exports only `RegisterCustomOps` (a version script hides the kernels too, so two
 onnxfuse libraries in one process never bind each other's symbols) and has no dependency on TVM.
@@ -22,7 +24,7 @@ import tempfile
 from collections.abc import Sequence
 
 from ..errors import CompileError
-from ..kernel_spec import KernelSpec
+from ..kernel_spec import DerivedDim, KernelSpec
 
 RUNTIME_DIR = pathlib.Path(__file__).resolve().parent
 GLUE_SOURCE = RUNTIME_DIR / "onnxfuse_runtime.c"
@@ -91,9 +93,13 @@ def kernel_table_source(kernels: Sequence[KernelSpec]) -> str:
             if not group:
                 continue
             descs = []
-            for tensor in group:
-                descs.append(f"{{{tensor.onnx_dtype}, {len(tensor.shape)}, {prefix}_dims + {offset}}}" if tensor.shape
-                             else f"{{{tensor.onnx_dtype}, 0, NULL}}")
+            for position, tensor in enumerate(group):
+                derived = "NULL"
+                if tensor.has_derived_dims:
+                    derived = f"{prefix}_{role}{position}_derived"
+                    lines.append(f"static const int64_t {derived}[] = {{{', '.join(map(str, derived_pairs(tensor.shape)))}}};")
+                descs.append(f"{{{tensor.onnx_dtype}, {len(tensor.shape)}, {prefix}_dims + {offset}, {derived}}}"
+                             if tensor.shape else f"{{{tensor.onnx_dtype}, 0, NULL, NULL}}")
                 offset += len(tensor.shape)
             lines.append(f"static const tensor_desc {prefix}_{role}[] = {{{', '.join(descs)}}};")
         if symbols:
@@ -114,12 +120,19 @@ def kernel_symbols(kernel: KernelSpec) -> list[str]:
 
 
 def encode_dim(dim, symbols: Sequence[str]) -> int:
-    """A static dim as itself, symbol k as -1 - k."""
+    """A static dim as itself, symbol k (or a dim derived from it) as -1 - k."""
+    if isinstance(dim, DerivedDim):
+        dim = dim.symbol
     if isinstance(dim, str):
         return -1 - symbols.index(dim)
     if dim < 0:
         raise ValueError(f"static dims must be >= 0, got {dim}")
     return int(dim)
+
+
+def derived_pairs(shape) -> list[int]:
+    """(multiplier, divisor) per dim, flattened; (1, 1) for dims that are not derived."""
+    return [v for d in shape for v in ((d.multiplier, d.divisor) if isinstance(d, DerivedDim) else (1, 1))]
 
 
 def c_string(text: str) -> str:

@@ -1,0 +1,73 @@
+"""Output dims computed from an input dim (N*100, M//4): groups that flatten or fold a batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+
+from onnx_builder import const_i64, model, node
+from onnxfuse.cache import _dims_from_json, _dims_to_json
+from onnxfuse.codegen.relax_import import _dim
+from onnxfuse.errors import CompileError
+from onnxfuse.kernel_spec import DerivedDim, KernelSpec, TensorSpec
+from onnxfuse.optimize import optimize
+from test_optimize import assert_outputs_match, run_both
+
+
+def test_shape_expressions_become_derived_dims():
+    n = tvm.tirx.Var("N", "int64")
+    c = lambda v: tvm.tirx.IntImm("int64", v)  # noqa: E731
+    assert _dim(n * c(100)) == DerivedDim("N", 100)
+    assert _dim(c(100) * n) == DerivedDim("N", 100)
+    assert _dim(tvm.tirx.floordiv(n, c(4))) == DerivedDim("N", 1, 4)
+    assert _dim(tvm.tirx.floordiv(n * c(6), c(4))) == DerivedDim("N", 6, 4)
+    with pytest.raises(CompileError, match="expression"):
+        _dim(n + c(1))
+    with pytest.raises(CompileError, match="expression"):
+        _dim(n * n)
+
+
+def test_derived_dims_compute_their_value_and_survive_the_cache():
+    spec = TensorSpec("float32", (DerivedDim("N", 6, 4), "N", 3))
+    assert spec.concrete({"N": 10}) == (15, 10, 3)
+    assert spec.symbols == ("N", "N")
+    assert _dims_from_json(_dims_to_json(spec.shape)) == spec.shape
+    assert str(DerivedDim("N", 100)) == "N*100" and str(DerivedDim("M", 1, 4)) == "M//4"
+
+
+def test_only_outputs_may_derive_a_dim():
+    with pytest.raises(ValueError, match="input dims"):
+        KernelSpec("k", (TensorSpec("float32", (DerivedDim("N", 2),)),), (TensorSpec("float32", ("N",)),), "k.o")
+
+
+def _flatten_model():
+    """x[N, 4] → Reshape [-1] → Relu → y[N*4]: the output's dim is four times the input's."""
+    return model([node("Reshape", ["x", "flat_shape"], "flat"), node("Relu", ["flat"], "y")],
+                 {"x": ("N", 4)}, {"y": ("F",)}, {"flat_shape": const_i64(-1)})
+
+
+def _fold_model():
+    """f[M] → Reshape [-1, 4] → Sigmoid → y[M//4, 4]: the output's first dim is a quarter of the input's."""
+    return model([node("Reshape", ["f", "fold_shape"], "folded"), node("Sigmoid", ["folded"], "y")],
+                 {"f": ("M",)}, {"y": ("R", 4)}, {"fold_shape": const_i64(-1, 4)})
+
+
+@pytest.mark.parametrize("build, feed_name, shapes", [
+    (_flatten_model, "x", [(1, 4), (3, 4), (50, 4)]),
+    (_fold_model, "f", [(4,), (12,), (200,)]),
+])
+def test_flattening_and_folding_groups_compile_and_match_onnxruntime(tmp_path, build, feed_name, shapes):
+    import onnx
+
+    source = tmp_path / "m.onnx"
+    onnx.save(build(), str(source))
+    result = optimize(source, tmp_path / "m.fused.onnx", cache_dir=False, jobs=1, select="all")
+    (group,) = result.report["groups"]
+    assert group["status"] == "compiled", group.get("reason")
+    assert group["verify"]["checked"], group["verify"]  # against onnxruntime on inputs that fold evenly
+    for shape in shapes:
+        x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+        expected, actual = run_both(source, result.model_path, {feed_name: x})
+        assert np.asarray(actual[0]).shape == np.asarray(expected[0]).shape
+        assert_outputs_match(expected, actual)
