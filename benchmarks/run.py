@@ -253,7 +253,7 @@ def write_results(stem: str, report: dict, tables: list[str], markdown: list[str
     head = (f"{machine['cpu']}, {machine['cores']} cores; onnxruntime {machine['onnxruntime']}, "
             f"TVM {machine.get('tvm', '?')}. Median ms per call over alternating rounds; onnxruntime contenders "
             f"called through IOBinding (inputs and outputs bound once), except rows marked [session.run]; "
-            f"(N×) = onnxruntime ms / contender ms; ≈ = one call (too slow for rounds). Took {seconds / 60:.1f} min.")
+            f"(N×) = median over rounds of onnxruntime's time / the contender's in the same round; ≈ = one call (too slow for rounds). Took {seconds / 60:.1f} min.")
     failed = [f"- {f['model']}: {f['error']}" for f in failures]
     write_text_atomic(RESULTS / f"{stem}.md", "\n\n".join([head, *markdown, *(["Failed:\n" + "\n".join(failed)] if failed else [])]) + "\n")
     print(head)

@@ -57,7 +57,8 @@ def bench(model, fused, batches, threads, rounds, budget, extra, json_path, no_t
           call_style, groups) -> None:
     """Time MODEL under onnxruntime (ORT_ENABLE_ALL), as onnxfuse's fused model in onnxruntime, and
     under TVM's own pipeline (from_onnx + default Relax pipeline + VM), at each batch size and thread
-    count. Prints median ms per call and the speedup over onnxruntime (onnxruntime ms / contender ms).
+    count. Prints median ms per call and the speedup over onnxruntime: the median over rounds of
+    onnxruntime's time / the contender's in the same round.
 
     Every contender's outputs are checked against onnxruntime on the original model first; a
     contender that differs is refused, not timed, and a refused fused model makes the exit code 1.

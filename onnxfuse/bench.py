@@ -56,17 +56,22 @@ class OutputMismatch(OnnxfuseError):
 
 @dataclass(frozen=True)
 class Timing:
-    """Seconds per call over the rounds: the median, and p10/p90 for the spread."""
+    """Seconds per call over the rounds: the median, and p10/p90 for the spread. paired_speedup:
+    the median over rounds of the first contender's time over this one's in the same round."""
 
     median: float
     p10: float
     p90: float
     rounds: int
     calls_per_round: int
+    paired_speedup: float | None = None
 
     def to_json(self) -> dict:
-        return {"median_ms": _ms(self.median), "p10_ms": _ms(self.p10), "p90_ms": _ms(self.p90),
-                "rounds": self.rounds, "calls_per_round": self.calls_per_round}
+        out = {"median_ms": _ms(self.median), "p10_ms": _ms(self.p10), "p90_ms": _ms(self.p90),
+               "rounds": self.rounds, "calls_per_round": self.calls_per_round}
+        if self.paired_speedup is not None:
+            out["paired_speedup"] = round(self.paired_speedup, 3)
+        return out
 
 
 @dataclass
@@ -128,9 +133,13 @@ def race(contenders: Sequence[Contender], reference: dict[str, np.ndarray], roun
     rounds = max(min(rounds, MIN_ROUNDS), min(rounds, int(budget_seconds / max(round_cost, 1e-9))))
 
     samples = alternating_rounds([c.call for c, _ in timed], [reps for _, reps in timed], rounds)
+    # Ratios are taken round by round against the first contender (the baseline) when it was timed
+    # in rounds too: a VM that slows down for a few rounds then slows both sides of each ratio.
+    baseline = samples[0] if timed and timed[0][0] is contenders[0] else None
     for (contender, reps), s in zip(timed, samples):
         p10, p90 = np.percentile(s, [10, 90])
-        results[contender.name] = Timing(statistics.median(s), float(p10), float(p90), rounds, reps)
+        paired = statistics.median(b / x for b, x in zip(baseline, s)) if baseline is not None else None
+        results[contender.name] = Timing(statistics.median(s), float(p10), float(p90), rounds, reps, paired)
     return {c.name: results[c.name] for c in contenders}
 
 
@@ -143,11 +152,14 @@ def alternating_rounds(calls: Sequence[Callable[[], object]], reps: Sequence[int
     """Seconds per call of each of `calls`, one sample per round, the calls taking turns.
 
     Taking turns matters: thread pools spin after a call and caches stay warm for whoever runs
-    next, so timing one contender after the other biases the comparison.
+    next, so timing one contender after the other biases the comparison. The order flips every
+    round (a b, b a, a b, ...), so no contender always runs right after the same other one.
     """
     samples: list[list[float]] = [[] for _ in calls]
-    for _ in range(rounds):
-        for k, call in enumerate(calls):
+    for r in range(rounds):
+        order = range(len(calls)) if r % 2 == 0 else reversed(range(len(calls)))
+        for k in order:
+            call = calls[k]
             start = time.perf_counter()
             for _ in range(reps[k]):
                 call()
@@ -523,10 +535,13 @@ def _static_batch(specs: Sequence[InputSpec]) -> int:
 
 
 def with_speedups(cells: dict[str, dict]) -> dict[str, dict]:
-    """Add speedup = onnxruntime ms / contender ms to every timed contender."""
+    """Add the speedup over onnxruntime to every timed contender: the median of round-by-round
+    ratios where both ran in rounds, else onnxruntime ms / contender ms."""
     base = cells.get(BASELINE, {}).get("median_ms")
     for cell in cells.values():
-        if base and "median_ms" in cell:
+        if "paired_speedup" in cell:
+            cell["speedup"] = cell["paired_speedup"]
+        elif base and "median_ms" in cell:
             cell["speedup"] = round(base / cell["median_ms"], 3)
     return cells
 
@@ -612,7 +627,8 @@ def report_json(results: Sequence[ModelBench], options: BenchOptions, extra: dic
     return {"machine": machine_info(), "options": {"batches": list(options.batches), "threads": list(options.threads),
                                                    "rounds": options.rounds, "round_seconds": options.round_seconds,
                                                    "tvm": options.tvm, "call_style": options.call_style},
-            "ratio": "speedup = onnxruntime median ms / contender median ms",
+            "ratio": "speedup = median over rounds of onnxruntime's time / the contender's in the same round "
+                     "(onnxruntime median ms / contender median ms where either ran only once)",
             "models": [r.to_json() for r in results], **(extra or {})}
 
 

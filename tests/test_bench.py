@@ -55,7 +55,34 @@ def test_race_alternates_contenders_round_by_round():
     race([logged("a", log), logged("b", log)], REFERENCE, rounds=4, round_seconds=0.0)  # one call per round
     timed = log[4:]  # each contender: check call + one sizing call first
     assert log[:4] == ["a", "a", "b", "b"]
-    assert timed == ["a", "b"] * 4
+    assert timed == ["a", "b", "b", "a", "a", "b", "b", "a"]  # the order flips every round
+
+
+def test_speedups_pair_each_round_so_a_slow_phase_cancels(monkeypatch):
+    """Scripted call times on a fake clock. onnxruntime takes twice onnxfuse's time whenever both
+    run at the same machine speed; the machine is 10x slower in round 1 for both, and in round 2
+    only while onnxfuse runs. Paired round by round the speedup is 2x; the ratio of the medians
+    (2 / 10) would call onnxfuse 5x slower."""
+    clock = [0.0]
+    monkeypatch.setattr("onnxfuse.bench.time.perf_counter", lambda: clock[0])
+
+    def scripted(name, seconds):
+        pending = list(seconds)
+
+        def call():
+            clock[0] += pending.pop(0)
+            return REFERENCE
+
+        return Contender(name, call)
+
+    # each contender: a check call and a sizing call, then rounds 0, 1, 2
+    ort_side = scripted("onnxruntime", [1, 2, 2, 20, 2])
+    fused = scripted("onnxfuse", [1, 1, 1, 10, 10])
+    results = race([ort_side, fused], REFERENCE, rounds=3, round_seconds=0.0)
+    assert results["onnxfuse"].paired_speedup == 2.0 and results["onnxruntime"].paired_speedup == 1.0
+    assert results["onnxruntime"].median / results["onnxfuse"].median == 0.2
+    cells = with_speedups({"onnxruntime": results["onnxruntime"].to_json(), "onnxfuse": results["onnxfuse"].to_json()})
+    assert cells["onnxfuse"]["speedup"] == 2.0
 
 
 def test_race_refuses_to_time_a_contender_whose_outputs_differ():
