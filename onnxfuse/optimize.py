@@ -210,7 +210,7 @@ def _select_measured(graph, outcomes: list[GroupOutcome], tgt: Target, build_dir
     """Time every kernel against onnxruntime on its group and drop the slower ones; then check the
     whole model (see whole_model.py). Returns what the report records of the run as a whole."""
     from .roofline import copy_bandwidth_gbs, gemm_peak_gflops
-    from .select import kernel_is_faster, measure_group
+    from .select import kernel_is_worth_keeping, measure_group
 
     compiled = [o for o in outcomes if o.kernel is not None]
     if not compiled:
@@ -227,13 +227,14 @@ def _select_measured(graph, outcomes: list[GroupOutcome], tgt: Target, build_dir
                 peaks[m.threads] = gemm_peak_gflops(m.threads)
         outcome.info = {**outcome.info,
                         "measured": [m.to_json(copy_gbs, peaks.get(m.threads)) for m in measurements]}
-        if kernel_is_faster(measurements):
+        if kernel_is_worth_keeping(measurements):
             gains[outcome.group.name] = sum(m.gain_us for m in measurements)
         else:
-            slowest = max(measurements, key=lambda m: m.kernel_us / m.onnxruntime_us)
+            slowest = min(measurements, key=lambda m: m.speedup)
             outcome.status, outcome.kernel = "fallback", None
             outcome.reason = (f"measured: onnxruntime is faster ({slowest.onnxruntime_us:.1f} µs vs "
-                              f"{slowest.kernel_us:.1f} µs at batch {slowest.batch}, {slowest.threads} threads)")
+                              f"{slowest.kernel_us:.1f} µs, {slowest.speedup:.2f}x, at batch {slowest.batch}, "
+                              f"{slowest.threads} threads)")
         progress.note(f"{outcome.group.name}: " + ", ".join(
             f"batch {m.batch}×{m.threads}t: kernel {m.kernel_us:.1f} µs vs onnxruntime {m.onnxruntime_us:.1f} µs"
             for m in measurements) + ("" if outcome.kernel else " → onnxruntime kept"))

@@ -68,7 +68,7 @@ def format_measured_groups(report: dict) -> str:
             compute = ([f"{m['kernel_gflops']:.1f}", f"{m['gemm_peak_pct']:.1f}", f"{m['ratio_bound']:.2f}×"]
                        if "gemm_peak_pct" in m else ["", "", ""])
             rows.append([g["name"], ops, str(m["batch"]), str(m["threads"]), f"{m['kernel_us']:.1f}",
-                         f"{m['onnxruntime_us']:.1f}", f"{m['onnxruntime_us'] / m['kernel_us']:.2f}×",
+                         f"{m['onnxruntime_us']:.1f}", f"{m.get('speedup', m['onnxruntime_us'] / m['kernel_us']):.2f}×",
                          f"{m['kernel_gbs']:.2f}", f"{m.get('copy_bandwidth_pct', 0.0):.1f}", *compute, _used(g)])
     lines = [f"copy bandwidth of this machine: {copy_gbs} GB/s (numpy copy, bytes read + written)"
              if copy_gbs else "no group was compiled: nothing measured"]

@@ -14,22 +14,36 @@ import onnxfuse.select
 import onnxfuse.whole_model
 from onnx_builder import model, node, weights
 from onnxfuse.optimize import optimize
-from onnxfuse.select import Measurement, alternate_medians, kernel_is_faster
+from onnxfuse.select import NOISE, Measurement, alternate_samples, kernel_is_worth_keeping
 from onnxfuse.whole_model import TOLERANCE, Comparison, choose_kept, dropped_at, final_kept
 from onnxfuse_cli.main import main
 from test_optimize import MODELS, assert_outputs_match, random_inputs, run_both
 
 
-def test_a_kernel_must_win_at_every_batch():
-    assert kernel_is_faster([Measurement(1, 1, 5.0, 6.0), Measurement(64, 1, 50.0, 50.0)])
-    assert not kernel_is_faster([Measurement(1, 1, 5.0, 6.0), Measurement(64, 2, 51.0, 50.0)])
+def test_a_kernel_must_win_in_total_and_lose_nowhere_beyond_noise():
+    assert kernel_is_worth_keeping([Measurement(1, 1, 5.0, 6.0), Measurement(64, 1, 50.0, 50.0)])
+    # 1% slower at one batch is noise next to 1.7x faster at the other: kept
+    assert kernel_is_worth_keeping([Measurement(1, 1, 5.0, 8.5), Measurement(1000, 1, 850.0, 842.0)])
+    # clearly slower at one batch: dropped, however much it wins elsewhere
+    assert not kernel_is_worth_keeping([Measurement(1, 1, 5.0, 8.5), Measurement(64, 2, 53.0, 50.0)])
+    # no slower anywhere beyond noise, but no faster on the whole either: onnxruntime keeps it
+    assert not kernel_is_worth_keeping([Measurement(1, 1, 5.0, 5.0), Measurement(64, 1, 50.5, 50.0)])
+
+
+def test_round_by_round_speedup_decides_over_the_medians():
+    """Medians say 2% slower (noise-level losses in a few rounds shift them); round by round the
+    kernel is faster, and that is the verdict."""
+    m = Measurement(1000, 1, kernel_us=51.0, onnxruntime_us=50.0, paired_speedup=1.01)
+    assert m.speedup == 1.01 and m.to_json()["speedup"] == 1.01
+    assert kernel_is_worth_keeping([m, Measurement(1, 1, 5.0, 6.0)])
+    assert not kernel_is_worth_keeping([Measurement(64, 1, 50.0, 60.0, paired_speedup=1 / (1 + 2 * NOISE))])
 
 
 def test_contenders_run_in_alternating_rounds():
     calls = []
-    medians = alternate_medians([lambda: calls.append("a"), lambda: calls.append("b")], once=[1.0, 1.0],
+    samples = alternate_samples([lambda: calls.append("a"), lambda: calls.append("b")], once=[1.0, 1.0],
                                 rounds=3, round_seconds=0.0)
-    assert len(medians) == 2 and all(m >= 0 for m in medians)
+    assert [len(s) for s in samples] == [3, 3] and all(t >= 0 for s in samples for t in s)
     assert calls == ["a", "b", "b", "a", "a", "b"]  # turns flip every round
 
 
@@ -87,7 +101,7 @@ def test_cli_bench_groups_prints_each_measured_group(tmp_path):
         cells = re.split(r"\s{2,}", row.strip())
         assert cells[:4] == ["group_0", "7 [MatMul, Split, Sigmoid, … (4 more kinds)]", str(batch), "1"]
         assert cells[4:9] == [f"{m['kernel_us']:.1f}", f"{m['onnxruntime_us']:.1f}",
-                              f"{m['onnxruntime_us'] / m['kernel_us']:.2f}×", f"{m['kernel_gbs']:.2f}",
+                              f"{m['speedup']:.2f}×", f"{m['kernel_gbs']:.2f}",
                               f"{m['copy_bandwidth_pct']:.1f}"]
         assert cells[9:13] == [f"{m['kernel_gflops']:.1f}", f"{m['gemm_peak_pct']:.1f}", f"{m['ratio_bound']:.2f}×", "yes"]
     assert [m["batch"] for m in group["measured"]] == [1, 4]
@@ -190,7 +204,7 @@ def kernel_cache(tmp_path_factory):
 def test_whole_model_check_runs_and_is_recorded(tmp_path, kernel_cache, monkeypatch):
     """Real whole-model timings (every kernel passes the per-group stage, so the check has work);
     whatever they say, the report explains it and the output still matches onnxruntime."""
-    monkeypatch.setattr(onnxfuse.select, "kernel_is_faster", lambda measurements: True)
+    monkeypatch.setattr(onnxfuse.select, "kernel_is_worth_keeping", lambda measurements: True)
     source = two_groups(tmp_path / "two.onnx")
     result = optimize(source, tmp_path / "out" / "two.fused.onnx", cache_dir=kernel_cache, jobs=1,
                       select="measured", select_batches=(1, 4))
@@ -214,7 +228,7 @@ def test_groups_dropped_by_the_whole_model_check_leave_the_library(tmp_path, ker
     source = two_groups(tmp_path / "two.onnx")
     every = optimize(source, tmp_path / "all" / "two.fused.onnx", cache_dir=kernel_cache, jobs=1, select="all")
     kernels = {g["name"]: g["kernel"] for g in every.report["groups"]}
-    monkeypatch.setattr(onnxfuse.select, "kernel_is_faster", lambda measurements: True)
+    monkeypatch.setattr(onnxfuse.select, "kernel_is_worth_keeping", lambda measurements: True)
     monkeypatch.setattr(onnxfuse.select.Measurement, "gain_us", property(lambda m: 0.0))  # ties: plan order
     monkeypatch.setattr(onnxfuse.whole_model, "time_against_original", lambda original, fused, *args: (
         [Comparison(1, 1, 1.1, 1.0, 1.1)] if kernels["group_0"] in fused.decode("latin-1") else
