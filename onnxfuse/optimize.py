@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import sys
 import tempfile
@@ -377,9 +378,11 @@ def verify_kernel(compiled, group_model: onnx.ModelProto) -> dict:
 
 def _whole_multiples(spec: KernelSpec, dim: int) -> dict[str, int]:
     """Symbols an output divides (`M // 100` folds a flat `[M]` back to rows) set to `dim` whole
-    multiples of that divisor: random inputs must fold evenly, as the real ones do."""
-    return {d.symbol: dim * d.divisor for t in spec.outputs for d in t.shape
-            if isinstance(d, DerivedDim) and d.divisor > 1}
+    multiples of every divisor they meet: random inputs must fold evenly, as the real ones do."""
+    divisors: dict[str, int] = {}
+    for d in (d for t in spec.outputs for d in t.shape if isinstance(d, DerivedDim) and d.divisor > 1):
+        divisors[d.symbol] = math.lcm(divisors.get(d.symbol, 1), d.divisor)
+    return {symbol: dim * divisor for symbol, divisor in divisors.items()}
 
 
 def _first_line(exc: BaseException) -> str:

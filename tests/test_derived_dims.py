@@ -71,3 +71,12 @@ def test_flattening_and_folding_groups_compile_and_match_onnxruntime(tmp_path, b
         expected, actual = run_both(source, result.model_path, {feed_name: x})
         assert np.asarray(actual[0]).shape == np.asarray(expected[0]).shape
         assert_outputs_match(expected, actual)
+
+
+def test_verification_folds_random_inputs_evenly_for_every_divisor():
+    from onnxfuse.optimize import _whole_multiples
+
+    spec = KernelSpec("k", (TensorSpec("float32", ("M", "N")),),
+                      (TensorSpec("float32", (DerivedDim("M", 1, 4), "N")), TensorSpec("float32", (DerivedDim("M", 1, 6),)),
+                       TensorSpec("float32", (DerivedDim("N", 3),))), "k.o")
+    assert _whole_multiples(spec, 3) == {"M": 3 * 12}  # lcm(4, 6); N is only multiplied
