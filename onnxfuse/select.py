@@ -66,8 +66,9 @@ class Measurement:
     def to_json(self, copy_gbs: float | None = None, peak_gflops: float | None = None) -> dict:
         """The measurement, with its shares of the machine's copy bandwidth and of its GEMM peak at
         this thread count when those are given."""
+        # speedup unrounded: it is what the verdict (kernel_is_worth_keeping) was given
         out = {"batch": self.batch, "threads": self.threads, "kernel_us": round(self.kernel_us, 2),
-               "onnxruntime_us": round(self.onnxruntime_us, 2), "speedup": round(self.speedup, 3),
+               "onnxruntime_us": round(self.onnxruntime_us, 2), "speedup": self.speedup,
                "bytes": self.bytes_moved, "kernel_gbs": round(self.kernel_gbs, 3)}
         if copy_gbs:
             out["copy_bandwidth_pct"] = round(100 * self.kernel_gbs / copy_gbs, 1)
