@@ -2,9 +2,10 @@
 
 For each compiled group we time, inside onnxruntime and in alternating rounds, a model holding
 just the custom node against the group's original nodes (with onnxruntime's own graph
-optimizations on). The kernel is kept only if it is faster in total and, at every measured
-batch size and thread count, no slower than onnxruntime beyond this VM's noise (NOISE, compared
-round by round), which makes "never slower than onnxruntime" true group by group.
+optimizations on). The kernel is kept only if it is faster on the whole (the geometric mean of
+its speedups) and, at every measured batch size and thread count, no slower than onnxruntime
+beyond this VM's noise (NOISE, compared round by round), which makes "never slower than
+onnxruntime" true group by group.
 
 Each measurement also counts the bytes the kernel moves and the multiply-adds it does (see
 roofline.py), so its time can be read against the machine's copy bandwidth and GEMM peak: a
