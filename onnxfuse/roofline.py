@@ -108,9 +108,7 @@ def copy_bandwidth_gbs(megabytes: int = 256, repeats: int = 5) -> float:
 def gemm_peak_gflops(threads: int, size: int = PEAK_MATMUL_SIZE, calls: int = PEAK_CALLS) -> float:
     """GFLOP/s of onnxruntime's own GEMM on a large square float32 MatMul at `threads` threads
     (best of `calls`): the practical compute peak both onnxruntime and our kernels are held to."""
-    import onnxruntime as ort
-
-    from .bench import timing_session
+    from .bench import bound_call, timing_session
 
     rng = np.random.default_rng(0)
     b = numpy_helper.from_array(rng.standard_normal((size, size)).astype(np.float32), "b")
@@ -118,16 +116,13 @@ def gemm_peak_gflops(threads: int, size: int = PEAK_MATMUL_SIZE, calls: int = PE
                               [helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [size, size])],
                               [helper.make_tensor_value_info("c", onnx.TensorProto.FLOAT, [size, size])], [b])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    session = timing_session(model.SerializeToString(), threads)
-    binding = session.io_binding()
-    a = rng.standard_normal((size, size)).astype(np.float32)
-    binding.bind_cpu_input("a", a)
-    binding.bind_ortvalue_output("c", ort.OrtValue.ortvalue_from_shape_and_type((size, size), np.float32))
-    session.run_with_iobinding(binding)
+    feeds = {"a": rng.standard_normal((size, size)).astype(np.float32)}
+    call = bound_call(timing_session(model.SerializeToString(), threads), feeds)  # bench's call style
+    call()
     best = float("inf")
     for _ in range(calls):
         start = time.perf_counter()
-        session.run_with_iobinding(binding)
+        call()
         best = min(best, time.perf_counter() - start)
     return round(2 * size**3 / best / 1e9, 1)
 
