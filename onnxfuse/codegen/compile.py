@@ -22,7 +22,8 @@ import tvm
 from ..errors import CompileError
 from ..kernel_spec import KernelSpec, TensorSpec, small_variant_name
 from ..target import Target
-from . import bounds, relax_import, schedule
+from . import bounds, register_file, relax_import, schedule
+from .register_file import AVX512, RegisterFile
 from .relax_import import _short
 
 
@@ -35,6 +36,7 @@ class CompiledGroup:
     _model: onnx.ModelProto = field(repr=False, default=None)
     _fused: object = field(repr=False, default=None)  # the unscheduled fused PrimFunc, for run()
     _host_kernel: object = field(repr=False, default=None)
+    _registers: RegisterFile = field(repr=False, default=AVX512)  # the target's, which shaped the schedule
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Runs the kernel in-process with TVM's runtime (for verification against onnxruntime)."""
@@ -68,7 +70,7 @@ class CompiledGroup:
         if self._host_kernel is None:
             max_duplication = self.stats.get("max_duplication", schedule.DEFAULT_MAX_DUPLICATION)
             funcs = _variants(self._fused, self.spec.name, max_duplication, bool(self.spec.small_batch_below),
-                              allow_parallel=False)[0]
+                              self._registers, allow_parallel=False)[0]
             ex = build_module(funcs, tvm.target.Target({"kind": "llvm"}))
             self._host_kernel = {name: ex.mod[name] for name in funcs}
         small = self.spec.small_batch_below and int(np.prod(list(bindings.values()))) < self.spec.small_batch_below
@@ -118,18 +120,20 @@ def build_object(funcs: dict, name: str, target: Target, out_dir: pathlib.Path) 
     return path
 
 
-def _variants(fused, name: str, max_duplication: int, small_variant: bool | None, allow_parallel: bool = True):
+def _variants(fused, name: str, max_duplication: int, small_variant: bool | None, registers: RegisterFile,
+              allow_parallel: bool = True):
     """The kernel's functions (name → scheduled, index-checked PrimFunc), the main schedule's
     stats and the number of index checks. small_variant=None decides by the main schedule
     (schedule.needs_small_batch_variant); the variant is named by small_variant_name."""
-    scheduled, stats = _schedule_or_plain(fused, allow_parallel, max_duplication=max_duplication)
+    scheduled, stats = _schedule_or_plain(fused, allow_parallel, max_duplication=max_duplication, registers=registers)
     checked, n_checks = bounds.add_index_checks(scheduled, name)
     funcs = {name: checked.with_attr("global_symbol", name)}
     if small_variant is None:
         small_variant = schedule.needs_small_batch_variant(stats)
     if small_variant:
         small_name = small_variant_name(name)
-        small, _ = _schedule_or_plain(fused, allow_parallel, max_duplication=max_duplication, small_batch=True)
+        small, _ = _schedule_or_plain(fused, allow_parallel, max_duplication=max_duplication, small_batch=True,
+                                      registers=registers)
         small_checked, _ = bounds.add_index_checks(small, small_name)
         funcs[small_name] = small_checked.with_attr("global_symbol", small_name)
     return funcs, stats, n_checks
@@ -153,7 +157,9 @@ def compile_group(
         raise CompileError(f"name: {name!r} is not a C identifier")
     stats: dict = {}
     group = _stage("import", stats, lambda: relax_import.import_group(model, name))
-    funcs, sched_stats, n_checks = _stage("schedule", stats, lambda: _variants(group.prim_func, name, max_duplication, None))
+    registers = register_file.for_target(target.tvm_target())
+    funcs, sched_stats, n_checks = _stage("schedule", stats,
+                                          lambda: _variants(group.prim_func, name, max_duplication, None, registers))
     obj = _stage("build", stats, lambda: build_object(funcs, name, target, pathlib.Path(out_dir)))
     stats.update(sched_stats.as_dict())
     stats["max_duplication"] = max_duplication
@@ -169,14 +175,15 @@ def compile_group(
                           row_work=sched_stats.row_work if sched_stats.symbolic_rows else 0)
     except ValueError as exc:
         raise CompileError(f"spec: {exc}") from exc
-    return CompiledGroup(spec, tuple(group.arg_sources), dict(group.extra_weights), stats, model, group.prim_func)
+    return CompiledGroup(spec, tuple(group.arg_sources), dict(group.extra_weights), stats, model, group.prim_func,
+                         _registers=registers)
 
 
 def _schedule_or_plain(func, allow_parallel: bool = True, max_duplication: int = schedule.DEFAULT_MAX_DUPLICATION,
-                       small_batch: bool = False):
+                       small_batch: bool = False, registers: RegisterFile = AVX512):
     """The tuned schedule, or (if TVM rejects it as a whole) the unscheduled function."""
     try:
-        return schedule.schedule_group(func, allow_parallel, max_duplication, small_batch)
+        return schedule.schedule_group(func, allow_parallel, max_duplication, small_batch, registers)
     except Exception as exc:  # a last-resort fallback: a valid kernel beats no kernel
         stats = schedule.ScheduleStats(skipped_steps=[f"whole schedule: {_short(exc)}"])
         return func, stats

@@ -11,9 +11,10 @@ Why this shape (see /work/shared/notes/tvm-0.27.md, "Scheduling without the expr
 - Outputs that other blocks also read get a cache_write, and all sink outputs' row-tile loops
   are merged into one, so multi-output groups (LSTM cell: H_out reads C_out) tile completely.
 - GEMM blocks (one innermost reduction): a register-blocked micro-kernel (schedule_matmul): a
-  4 x 64 accumulator tile in a "local" buffer (LLVM keeps it in 16 zmm registers), k outside the
-  unrolled rows x vectors, vector FMAs over output columns; near the single-core FMA peak
-  (OpenBLAS speed on 1000x64 @ 64x192). Such groups use 8-row tiles, so a ragged tail is cheap.
+  rows x vectors accumulator tile in a "local" buffer that LLVM keeps in registers (4 x 64 floats
+  in 16 zmm registers on AVX-512; sized per target by register_file), k outside the unrolled
+  rows x vectors, vector FMAs over output columns; near the single-core FMA peak (OpenBLAS speed
+  on 1000x64 @ 64x192). Such groups use 8-row tiles, so a ragged tail is cheap.
 - The tile loop (and, in GEMM groups, every loop inside the tile) carries LoopPartition's hint:
   full tiles run without the `row < N` predicates compute_at adds; only the tail keeps them.
 - Other reductions (Conv/Reduce*): the last spatial loop is split by the vector width and moved
@@ -33,16 +34,14 @@ import tvm
 from tvm import s_tir
 
 from . import tir_walk
+from .register_file import AVX512, RegisterFile
 
-VECTOR_BYTES = 64  # one AVX-512 register; LLVM splits it for AVX2 / NEON
 TILE_ELEMENTS = 8192  # elements of the widest intermediate row block kept per tile
 MAX_TILE_ROWS = 256
 PARALLEL_MIN_ELEMENTS = 1 << 16  # static batches smaller than this stay single-threaded
 MATMUL_ROW_UNROLL = 4  # rows of the register tile
 GEMM_TILE_ROWS = 8  # row tile of a group with a GEMM: 4 was slower at batch 64, 32 costs 2 us at batch 1
-MAX_TILE_COL_VECTORS = 4  # column vectors of the register tile (a one-row tile takes more)
 SMALL_BATCH_ROWS = GEMM_TILE_ROWS  # batches below this run a GEMM group's small-batch variant
-REGISTER_ACCUMULATORS = 16  # vector accumulators in the register tile (of 32 AVX-512 registers)
 
 DEFAULT_MAX_DUPLICATION = 1  # see inline_cheap_producers; measured on the tree chains below
 
@@ -90,9 +89,10 @@ def _is_reduction(block) -> bool:
     return any(int(iv.iter_type) == COMM_REDUCE for iv in block.iter_vars)
 
 
-def _lanes(dtype: str) -> int:
-    bits = tvm.runtime.DataType(dtype).bits
-    return max(1, VECTOR_BYTES * 8 // max(8, bits))
+def _lanes(dtype: str, registers: RegisterFile) -> int:
+    """Elements of `dtype` in one vector register: every vectorized loop is one register wide
+    (wider vectors, split by LLVM, spilled in NEON's gate math and were no faster on AVX2)."""
+    return registers.lanes(tvm.runtime.DataType(dtype).bits)
 
 
 # ---------------------------------------------------------------- inlining
@@ -275,10 +275,10 @@ def _block_dtype(block) -> str:
     return str(block.writes[0].source.dtype) if block.writes else "float32"
 
 
-def vectorize_elementwise(sch, stats: ScheduleStats, block_rv) -> None:
+def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: RegisterFile = AVX512) -> None:
     """Fuses the trailing static loops and vectorizes them (split by the vector width)."""
     block = sch.get(block_rv)
-    lanes = _lanes(_block_dtype(block))
+    lanes = _lanes(_block_dtype(block), registers)
     loops = _own_loops(sch, block_rv)
     trailing = []
     for loop in reversed(loops):
@@ -326,24 +326,27 @@ def _split(sch, stats, loop, factors, what):
     return None
 
 
-def _register_tile_shape(row_extent: int | None, col_vectors: int) -> tuple[int, int]:
-    """(rows, column vectors) of the accumulator tile: at most REGISTER_ACCUMULATORS vectors,
-    plus one weight vector per column vector and a broadcast, must fit the 32 AVX-512 registers
-    (LLVM halves the tile for 16-register targets by spilling little: the loads dominate there).
-    A single row (batch 1, a GEMV) reuses no weight vector across rows, so it takes all
-    REGISTER_ACCUMULATORS as column vectors: more independent FMAs per broadcast."""
-    widest = REGISTER_ACCUMULATORS if row_extent == 1 else MAX_TILE_COL_VECTORS
+def _register_tile_shape(row_extent: int | None, col_vectors: int, registers: RegisterFile) -> tuple[int, int]:
+    """(rows, column vectors) of the accumulator tile. Half the vector registers hold
+    accumulators (16 of AVX-512's or NEON's 32); the rest hold one weight vector per column
+    vector and the broadcast rows, so LLVM spills nothing. When several rows share the weight
+    vectors there are at most an eighth of the registers of them (4 x 4 on 32 registers, 4 x 2
+    on AVX2's 16: rows first, since each broadcast feeds a whole row of FMAs). A single row (batch 1, a
+    GEMV) reuses no weight vector across rows, so all accumulators become column vectors: more
+    independent FMAs per broadcast."""
+    accumulators = registers.count // 2
+    widest = accumulators if row_extent == 1 else registers.count // 8
     vectors = max(v for v in range(1, min(col_vectors, widest) + 1) if col_vectors % v == 0)
     rows = 1
     if row_extent is not None:
         for r in range(min(MATMUL_ROW_UNROLL, row_extent), 0, -1):
-            if row_extent % r == 0 and r * vectors <= REGISTER_ACCUMULATORS:
+            if row_extent % r == 0 and r * vectors <= accumulators:
                 rows = r
                 break
     return rows, vectors
 
 
-def schedule_matmul(sch, stats: ScheduleStats, block_rv) -> bool:
+def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile = AVX512) -> bool:
     """A register-blocked micro-kernel for C[i, j] += A[i, k] * B[k, j]:
 
         for i_o, j_o:                      # one tile of rows x (vectors x lanes) outputs
@@ -362,12 +365,12 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv) -> bool:
     if len(loops) != len(kinds) or kinds[-1] != COMM_REDUCE or kinds.count(COMM_REDUCE) != 1:
         return False
     spatial, k_loop = loops[:-1], loops[-1]
-    lanes = _lanes(_block_dtype(block))
+    lanes = _lanes(_block_dtype(block), registers)
     cols = _static(sch.get(spatial[-1]).extent)
     if cols is None or cols % lanes != 0 or _static(sch.get(k_loop).extent) is None:
         return False
     row_extent = _static(sch.get(spatial[-2]).extent)
-    rows, vectors = _register_tile_shape(row_extent, cols // lanes)
+    rows, vectors = _register_tile_shape(row_extent, cols // lanes, registers)
     col_parts = _split(sch, stats, spatial[-1], [None, vectors, lanes], f"split cols {name}")
     if col_parts is None:
         return False
@@ -381,7 +384,7 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv) -> bool:
     if _try(stats, f"cache_write {name}", lambda: holder.update(wb=sch.cache_write(block_rv, 0, "local"))):
         writeback = holder["wb"]
         if _try(stats, f"reverse_compute_at {name}", lambda: sch.reverse_compute_at(writeback, col_parts[0], preserve_unit_loops=True)):
-            vectorize_elementwise(sch, stats, writeback)
+            vectorize_elementwise(sch, stats, writeback, registers)
     stats.reductions_scheduled += 1
     if _try(stats, f"vectorize {name}", lambda: sch.vectorize(col_parts[2])):
         stats.vectorized += 1
@@ -394,20 +397,20 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv) -> bool:
     return True
 
 
-def schedule_reduction(sch, stats: ScheduleStats, block_rv) -> None:
+def schedule_reduction(sch, stats: ScheduleStats, block_rv, registers: RegisterFile = AVX512) -> None:
     """Moves the reduction loops outside the (vectorized) last spatial loop: C[i, j:j+V] += A[i,k] * B[k, j:j+V]."""
     block = sch.get(block_rv)
     name = block.name_hint
     loops = _own_loops(sch, block_rv)
     if len(loops) != len(block.iter_vars):
         return
-    if _is_matmul_like(block) and schedule_matmul(sch, stats, block_rv):
+    if _is_matmul_like(block) and schedule_matmul(sch, stats, block_rv, registers):
         return
     spatial = [lp for lp, iv in zip(loops, block.iter_vars) if int(iv.iter_type) == DATA_PAR]
     reduce = [lp for lp, iv in zip(loops, block.iter_vars) if int(iv.iter_type) == COMM_REDUCE]
     if not spatial or not reduce or len(spatial) + len(reduce) != len(loops):
         return
-    lanes = _lanes(_block_dtype(block))
+    lanes = _lanes(_block_dtype(block), registers)
     last_extent = _static(sch.get(spatial[-1]).extent)
     holder = {}
     vector_loop = None
@@ -434,13 +437,13 @@ def schedule_reduction(sch, stats: ScheduleStats, block_rv) -> None:
         _try(stats, f"vectorize init {name}", lambda: sch.vectorize(init_loops[-1]))
 
 
-def schedule_loop_nests(sch, stats: ScheduleStats) -> None:
+def schedule_loop_nests(sch, stats: ScheduleStats, registers: RegisterFile = AVX512) -> None:
     for block_rv in tir_walk.leaf_blocks(sch):
         block = sch.get(block_rv)
         if _is_reduction(block):
-            schedule_reduction(sch, stats, block_rv)
+            schedule_reduction(sch, stats, block_rv, registers)
         elif block.body is not None and hasattr(block.body, "value"):
-            vectorize_elementwise(sch, stats, block_rv)
+            vectorize_elementwise(sch, stats, block_rv, registers)
 
 
 # ---------------------------------------------------------------- entry point
@@ -453,13 +456,15 @@ def simplify(func):
 
 
 def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEFAULT_MAX_DUPLICATION,
-                   small_batch: bool = False) -> tuple[tvm.tirx.PrimFunc, ScheduleStats]:
+                   small_batch: bool = False, registers: RegisterFile = AVX512) -> tuple[tvm.tirx.PrimFunc, ScheduleStats]:
     """Schedules the fused PrimFunc for CPU; never fails on a refused step (see module doc).
 
     allow_parallel=False gives the same schedule with a serial tile loop: in-process verification
     uses it, because TVM's own single-thread launcher ignores a failing task, so an index assert
     inside a parallel loop would go unnoticed there. small_batch=True gives the variant for
-    batches below SMALL_BATCH_ROWS (one row per tile, serial; see needs_small_batch_variant)."""
+    batches below SMALL_BATCH_ROWS (one row per tile, serial; see needs_small_batch_variant).
+    registers: the target's vector registers, which size the GEMM register tile and every vector
+    loop (register_file)."""
     stats = ScheduleStats()
     func = simplify(func)
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
@@ -480,7 +485,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
         if allow_parallel and not small_batch and (batch is None or total >= PARALLEL_MIN_ELEMENTS):
             if _try(stats, "parallel tiles", lambda: sch.parallel(outer)):
                 stats.parallel = True
-    schedule_loop_nests(sch, stats)
+    schedule_loop_nests(sch, stats, registers)
     if tiled is not None and stats.tile_rows == GEMM_TILE_ROWS:
         hint_tail_partition(sch, stats)
     return sch.mod["main"], stats
