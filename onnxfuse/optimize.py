@@ -210,7 +210,7 @@ def _select_measured(graph, outcomes: list[GroupOutcome], tgt: Target, build_dir
                      progress) -> dict:
     """Time every kernel against onnxruntime on its group and drop the slower ones; then check the
     whole model (see whole_model.py). Returns what the report records of the run as a whole."""
-    from .roofline import copy_bandwidth_gbs, gemm_peak_gflops
+    from .roofline import call_floor_us, copy_bandwidth_gbs, gemm_peak_gflops
     from .select import kernel_is_worth_keeping, measure_group
 
     compiled = [o for o in outcomes if o.kernel is not None]
@@ -218,6 +218,7 @@ def _select_measured(graph, outcomes: list[GroupOutcome], tgt: Target, build_dir
         return {}
     copy_gbs = copy_bandwidth_gbs(COPY_MEGABYTES)
     peaks: dict[int, float] = {}  # GEMM peak per thread count, measured once a group has multiply-adds
+    call_floors: dict[int, float] = {}  # an empty call's µs per thread count, measured with the peak
     library = _build_library([o.kernel for o in compiled], build_dir / "measure.so", tgt)
     gains: dict[str, float] = {}
     for outcome in compiled:
@@ -226,8 +227,9 @@ def _select_measured(graph, outcomes: list[GroupOutcome], tgt: Target, build_dir
         for m in measurements:
             if m.flops and m.threads not in peaks:
                 peaks[m.threads] = gemm_peak_gflops(m.threads)
-        outcome.info = {**outcome.info,
-                        "measured": [m.to_json(copy_gbs, peaks.get(m.threads)) for m in measurements]}
+                call_floors[m.threads] = call_floor_us(m.threads)
+        outcome.info = {**outcome.info, "measured": [
+            m.to_json(copy_gbs, peaks.get(m.threads), call_floors.get(m.threads, 0.0)) for m in measurements]}
         if kernel_is_worth_keeping(measurements):
             gains[outcome.group.name] = sum(m.gain_us for m in measurements)
         else:
@@ -242,6 +244,7 @@ def _select_measured(graph, outcomes: list[GroupOutcome], tgt: Target, build_dir
     whole = _check_whole_model(graph, {o.group.name: o for o in compiled}, gains, library, tgt, batches, threads,
                                progress)
     return {"copy_bandwidth_gbs": copy_gbs, "gemm_peak_gflops": {str(t): p for t, p in peaks.items()},
+            "call_floor_us": {str(t): us for t, us in call_floors.items()},
             "whole_model_check": whole}
 
 

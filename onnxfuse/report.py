@@ -53,7 +53,7 @@ def format_measured_groups(report: dict) -> str:
     """The groups of a `--select measured` optimize report: per group, batch and thread count, kernel
     and onnxruntime time, the kernel's achieved bandwidth against the machine's copy bandwidth and,
     for groups with multiply-adds, its GFLOP/s against the GEMM peak with the largest ratio any
-    kernel could reach (roofline.ratio_bound); then the whole-model check's steps."""
+    kernel could reach, call cost included (roofline.ratio_bound); then the whole-model check's steps."""
     from .bench import render_table
 
     measured = report.get("measured", {})
@@ -72,8 +72,10 @@ def format_measured_groups(report: dict) -> str:
                          f"{m['kernel_gbs']:.2f}", f"{m.get('copy_bandwidth_pct', 0.0):.1f}", *compute, _used(g)])
     lines = [f"copy bandwidth of this machine: {copy_gbs} GB/s (numpy copy, bytes read + written)"
              if copy_gbs else "no group was compiled: nothing measured"]
-    lines += [f"GEMM peak at {threads} thread(s): {peak} GFLOP/s (onnxruntime MatMul, 512x512x512); "
-              "bound = onnxruntime µs / the group's multiply-adds at that peak" for threads, peak in peaks.items()]
+    floors = measured.get("call_floor_us", {})
+    lines += [f"GEMM peak at {threads} thread(s): {peak} GFLOP/s (onnxruntime MatMul, 512x512x512); an empty "
+              f"onnxruntime call: {floors.get(threads, 0.0)} µs; bound = onnxruntime µs / (the group's "
+              "multiply-adds at that peak + that call)" for threads, peak in peaks.items()]
     lines.append(render_table(header, rows, markdown=False))
     check = measured.get("whole_model_check", {})
     if "skipped" in check:

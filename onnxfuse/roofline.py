@@ -3,7 +3,8 @@ against measured copy bandwidth and GEMM peak.
 
 A measured kernel time means little alone. Next to these bounds it says whether anything is
 left to gain: a GEMM-bound group already near the machine's GEMM peak can beat onnxruntime only
-by as much as onnxruntime falls short of that peak (`ratio_bound`).
+by as much as onnxruntime falls short of that peak plus the fixed cost of a call, which both
+sides pay (`ratio_bound`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from onnx import helper, numpy_helper
 
 PEAK_MATMUL_SIZE = 512  # a square float32 MatMul this large runs near the GEMM routine's peak
 PEAK_CALLS = 8
+CALL_FLOOR_CALLS = 2000  # empty calls timed for call_floor_us (about 10 ms)
 
 
 def bytes_moved(model: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs) -> int:
@@ -127,10 +129,32 @@ def gemm_peak_gflops(threads: int, size: int = PEAK_MATMUL_SIZE, calls: int = PE
     return round(2 * size**3 / best / 1e9, 1)
 
 
-def ratio_bound(flops: int, onnxruntime_us: float, peak_gflops: float) -> float | None:
-    """The largest speedup over onnxruntime any kernel could reach on compute alone: onnxruntime's
-    time over the time of `flops` at the GEMM peak. None when there is nothing to bound."""
+def call_floor_us(threads: int, calls: int = CALL_FLOOR_CALLS) -> float:
+    """Median µs of an onnxruntime call that does nothing (Identity of one float) at `threads`,
+    called like every timed call (bench's bound_call): the fixed cost of a call from Python,
+    which the kernel's side of every ratio pays too, whatever its kernel."""
+    from .bench import bound_call, timing_session
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "call_floor",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    call = bound_call(timing_session(model.SerializeToString(), threads), {"x": np.zeros(1, np.float32)})
+    for _ in range(calls // 10):
+        call()
+    samples = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+    return round(float(np.median(samples)) * 1e6, 2)
+
+
+def ratio_bound(flops: int, onnxruntime_us: float, peak_gflops: float, call_us: float = 0.0) -> float | None:
+    """The largest speedup over onnxruntime any kernel could reach: onnxruntime's time over the
+    time of `flops` at the GEMM peak plus `call_us`, the fixed cost of the call around the kernel
+    (call_floor_us). None when there is nothing to bound."""
     if flops <= 0 or peak_gflops <= 0:
         return None
     floor_us = flops / peak_gflops / 1e3
-    return onnxruntime_us / floor_us
+    return onnxruntime_us / (floor_us + max(0.0, call_us))

@@ -64,9 +64,10 @@ class Measurement:
         """Achieved compute: floating-point operations per second of kernel time, in GFLOP/s."""
         return self.flops / self.kernel_us / 1e3 if self.kernel_us > 0 else 0.0
 
-    def to_json(self, copy_gbs: float | None = None, peak_gflops: float | None = None) -> dict:
+    def to_json(self, copy_gbs: float | None = None, peak_gflops: float | None = None,
+                call_us: float = 0.0) -> dict:
         """The measurement, with its shares of the machine's copy bandwidth and of its GEMM peak at
-        this thread count when those are given."""
+        this thread count when those are given; call_us: an empty call's time (ratio_bound)."""
         # speedup unrounded: it is what the verdict (kernel_is_worth_keeping) was given
         out = {"batch": self.batch, "threads": self.threads, "kernel_us": round(self.kernel_us, 2),
                "onnxruntime_us": round(self.onnxruntime_us, 2), "speedup": self.speedup,
@@ -75,7 +76,7 @@ class Measurement:
             out["copy_bandwidth_pct"] = round(100 * self.kernel_gbs / copy_gbs, 1)
         if self.flops:
             out.update(flops=self.flops, kernel_gflops=round(self.kernel_gflops, 2))
-            bound = ratio_bound(self.flops, self.onnxruntime_us, peak_gflops or 0.0)
+            bound = ratio_bound(self.flops, self.onnxruntime_us, peak_gflops or 0.0, call_us)
             if bound is not None:
                 out.update(gemm_peak_pct=round(100 * self.kernel_gflops / peak_gflops, 1),
                            ratio_bound=round(bound, 2))

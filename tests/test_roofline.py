@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from onnx_builder import model, node, weights
-from onnxfuse.roofline import bytes_moved, gemm_peak_gflops, multiply_add_flops, ratio_bound
+from onnxfuse.roofline import bytes_moved, call_floor_us, gemm_peak_gflops, multiply_add_flops, ratio_bound
 from onnxfuse.select import Measurement
 
 
@@ -62,6 +62,20 @@ def test_achieved_compute_its_share_of_the_peak_and_the_ratio_bound():
     assert "gemm_peak_pct" not in m.to_json()  # no peak measured: no share of it
     assert "flops" not in Measurement(64, 1, 40.0, 60.0).to_json(peak_gflops=100.0)
     assert ratio_bound(0, 60.0, 100.0) is None
+
+
+def test_the_ratio_bound_counts_the_call_both_sides_pay():
+    """With a 10 µs call around it, the same 20 µs of work leaves onnxruntime's 60 µs only 2x above
+    any kernel's best (60 / (20 + 10)), not 3x."""
+    assert ratio_bound(2_000_000, 60.0, 100.0, call_us=10.0) == pytest.approx(2.0)
+    out = Measurement(64, 1, kernel_us=40.0, onnxruntime_us=60.0, flops=2_000_000).to_json(peak_gflops=100.0, call_us=10.0)
+    assert out["ratio_bound"] == pytest.approx(2.0)
+
+
+def test_an_empty_call_is_timed_in_microseconds():
+    """A sanity range, not a speed assertion: a call from Python takes more than 0 and far less
+    than 10 ms (a unit slip to seconds or nanoseconds fails here)."""
+    assert 0.0 < call_floor_us(1, calls=50) < 10_000.0
 
 
 def test_the_gemm_peak_is_a_measured_rate_below_any_x86_cores_limit():

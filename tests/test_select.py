@@ -88,6 +88,8 @@ def test_cli_bench_groups_prints_each_measured_group(tmp_path):
     assert copy_gbs > 0 and f"copy bandwidth of this machine: {copy_gbs} GB/s" in result.output
     peak = report["measured"]["gemm_peak_gflops"]["1"]
     assert peak > 0 and f"GEMM peak at 1 thread(s): {peak} GFLOP/s" in result.output
+    call_us = report["measured"]["call_floor_us"]["1"]
+    assert call_us > 0 and f"an empty onnxruntime call: {call_us} µs" in result.output
     header, rule, *rows = result.output.splitlines()[2:]
     assert header.split()[:4] == ["group", "ops", "batch", "thr"] and "% copy" in header and "% peak" in header
     w = onnx.numpy_helper.to_array(onnx.load(str(MODELS / "lstm_gate.onnx")).graph.initializer[0])
@@ -99,7 +101,7 @@ def test_cli_bench_groups_prints_each_measured_group(tmp_path):
         assert m["copy_bandwidth_pct"] == pytest.approx(100 * m["kernel_gbs"] / copy_gbs, abs=0.1)
         assert m["flops"] == 2 * batch * 64 * 192  # X[N,64] @ W[64,192]
         assert m["gemm_peak_pct"] == pytest.approx(100 * m["kernel_gflops"] / peak, abs=0.1)
-        assert m["ratio_bound"] == pytest.approx(m["onnxruntime_us"] / (m["flops"] / peak / 1e3), rel=1e-2)
+        assert m["ratio_bound"] == pytest.approx(m["onnxruntime_us"] / (m["flops"] / peak / 1e3 + call_us), rel=1e-2)
         cells = re.split(r"\s{2,}", row.strip())
         assert cells[:4] == ["group_0", "7 [MatMul, Split, Sigmoid, … (4 more kinds)]", str(batch), "1"]
         assert cells[4:9] == [f"{m['kernel_us']:.1f}", f"{m['onnxruntime_us']:.1f}",
