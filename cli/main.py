@@ -66,7 +66,8 @@ def inspect(model: str, max_depth: int, max_inputs: int, max_duplication: int, a
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Where to write the fused model (default: MODEL's stem + .fused.onnx). The library goes beside it.")
 @click.option("--target", type=click.Choice(["native", "x86_64", "aarch64"]), default="native", show_default=True,
-              help="CPU to compile for: this machine, portable x86-64, or aarch64 Linux (cross-compiled).")
+              help="CPU to compile for: this machine (x86-64 or aarch64), portable x86-64, or aarch64 Linux "
+                   "(cross-compiled).")
 @click.option("--mcpu", help="LLVM CPU name to tune for, e.g. neoverse-n1 or skylake.")
 @click.option("--mattr", help="Comma-separated LLVM CPU features, e.g. +neon,+dotprod.")
 @with_fusion_options

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 from dataclasses import dataclass, field
 
@@ -43,13 +44,31 @@ class Target:
             )
 
 
+# platform.machine() of the hosts `native` builds for → their LLVM triple
+HOST_TRIPLES = {"x86_64": "x86_64-linux-gnu", "amd64": "x86_64-linux-gnu",
+                "aarch64": "aarch64-linux-gnu", "arm64": "aarch64-linux-gnu"}
+
+
+def host_triple(machine: str | None = None) -> str:
+    """The triple of this machine (or of `machine`, as platform.machine() names it): `native`
+    builds for the host, x86-64 or aarch64, with the host's own gcc."""
+    machine = machine or platform.machine()
+    triple = HOST_TRIPLES.get(machine.lower())
+    if triple is None:
+        raise UsageError(f"--target native: onnxfuse builds for x86-64 and aarch64 hosts, and this one is "
+                         f"{machine!r}; cross-compile with --target x86_64 or --target aarch64")
+    return triple
+
+
 def resolve_target(name: str = "native", mcpu: str | None = None, mattr: str | None = None) -> Target:
-    """`native` = this machine's CPU; `x86_64` = portable x86-64; `aarch64` = ARMv8 Linux (NEON)."""
+    """`native` = this machine's CPU (x86-64 or aarch64); `x86_64` = portable x86-64;
+    `aarch64` = ARMv8 Linux (NEON), cross-compiled."""
     extra = tuple(a.strip() for a in mattr.split(",")) if mattr else ()
     if name == "native":
         import tvm
 
-        return Target("native", "x86_64-linux-gnu", "gcc", mcpu or tvm.target.codegen.llvm_get_system_cpu(), extra)
+        triple = host_triple()
+        return Target("native", triple, "gcc", mcpu or tvm.target.codegen.llvm_get_system_cpu(), extra)
     if name == "x86_64":
         return Target("x86_64", "x86_64-linux-gnu", "gcc", mcpu or "x86-64-v2", extra)
     if name == "aarch64":

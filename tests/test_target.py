@@ -1,0 +1,50 @@
+"""`--target native` builds for the machine it runs on: x86-64 or aarch64, each with its own gcc.
+
+Before, `native` always meant x86-64, so on an arm64 server (Graviton, Ampere) the default
+command asked LLVM for an x86 object tuned for an ARM CPU. These tests pretend to be other hosts
+by replacing platform.machine().
+"""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+from click.testing import CliRunner
+
+from onnxfuse.codegen import register_file
+from onnxfuse.errors import UsageError
+from onnxfuse.target import host_triple, resolve_target
+from onnxfuse_cli.main import main
+
+from test_optimize import MODELS
+
+
+@pytest.mark.parametrize("machine, triple", [
+    ("x86_64", "x86_64-linux-gnu"), ("AMD64", "x86_64-linux-gnu"),
+    ("aarch64", "aarch64-linux-gnu"), ("arm64", "aarch64-linux-gnu"),
+])
+def test_host_triple(machine, triple):
+    assert host_triple(machine) == triple
+
+
+def test_native_on_an_arm64_host_builds_aarch64_with_the_hosts_gcc(monkeypatch):
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    target = resolve_target("native", mcpu="neoverse-n1")
+    assert (target.name, target.triple, target.cc, target.mcpu) == ("native", "aarch64-linux-gnu", "gcc", "neoverse-n1")
+    assert register_file.for_target(target.tvm_target()) == register_file.NEON
+
+
+def test_native_here_is_this_machine():
+    assert resolve_target("native").triple == host_triple(platform.machine())
+
+
+def test_native_on_another_architecture_is_a_usage_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(platform, "machine", lambda: "riscv64")
+    with pytest.raises(UsageError, match="riscv64.*--target x86_64 or --target aarch64"):
+        resolve_target("native")
+    out = tmp_path / "cell.fused.onnx"
+    result = CliRunner().invoke(main, ["optimize", str(MODELS / "lstm_gate.onnx"), "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "riscv64" in result.output and "Traceback" not in result.output
+    assert not out.exists()
