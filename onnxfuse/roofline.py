@@ -17,7 +17,8 @@ from onnx import helper, numpy_helper
 
 PEAK_MATMUL_SIZE = 512  # a square float32 MatMul this large runs near the GEMM routine's peak
 PEAK_CALLS = 8
-CALL_FLOOR_CALLS = 2000  # empty calls timed for call_floor_us (about 10 ms)
+CALL_FLOOR_CALLS = 2000  # empty calls timed for call_floor_us (about 10 ms), in CALL_FLOOR_ROUNDS rounds
+CALL_FLOOR_ROUNDS = 20
 
 
 def bytes_moved(model: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs) -> int:
@@ -110,7 +111,7 @@ def copy_bandwidth_gbs(megabytes: int = 256, repeats: int = 5) -> float:
 def gemm_peak_gflops(threads: int, size: int = PEAK_MATMUL_SIZE, calls: int = PEAK_CALLS) -> float:
     """GFLOP/s of onnxruntime's own GEMM on a large square float32 MatMul at `threads` threads
     (best of `calls`): the practical compute peak both onnxruntime and our kernels are held to."""
-    from .bench import bound_call, timing_session
+    from .bench import alternating_rounds, bound_call, timing_session
 
     rng = np.random.default_rng(0)
     b = numpy_helper.from_array(rng.standard_normal((size, size)).astype(np.float32), "b")
@@ -121,11 +122,7 @@ def gemm_peak_gflops(threads: int, size: int = PEAK_MATMUL_SIZE, calls: int = PE
     feeds = {"a": rng.standard_normal((size, size)).astype(np.float32)}
     call = bound_call(timing_session(model.SerializeToString(), threads), feeds)  # bench's call style
     call()
-    best = float("inf")
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
+    best = min(alternating_rounds([call], [1], calls)[0])
     return round(2 * size**3 / best / 1e9, 1)
 
 
@@ -133,21 +130,16 @@ def call_floor_us(threads: int, calls: int = CALL_FLOOR_CALLS) -> float:
     """Median µs of an onnxruntime call that does nothing (Identity of one float) at `threads`,
     called like every timed call (bench's bound_call): the fixed cost of a call from Python,
     which the kernel's side of every ratio pays too, whatever its kernel."""
-    from .bench import bound_call, timing_session
+    from .bench import alternating_rounds, bound_call, timing_session
 
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "call_floor",
                               [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
                               [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     call = bound_call(timing_session(model.SerializeToString(), threads), {"x": np.zeros(1, np.float32)})
-    for _ in range(calls // 10):
-        call()
-    samples = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-    return round(float(np.median(samples)) * 1e6, 2)
+    per_round = max(1, calls // CALL_FLOOR_ROUNDS)
+    alternating_rounds([call], [per_round], 1)  # warm-up
+    return round(float(np.median(alternating_rounds([call], [per_round], CALL_FLOOR_ROUNDS)[0])) * 1e6, 2)
 
 
 def ratio_bound(flops: int, onnxruntime_us: float, peak_gflops: float, call_us: float = 0.0) -> float | None:
