@@ -125,15 +125,15 @@ def _variants(fused, name: str, max_duplication: int, small_variant: bool | None
     """The kernel's functions (name → scheduled, index-checked PrimFunc), the main schedule's
     stats and the number of index checks. small_variant=None decides by the main schedule
     (schedule.needs_small_batch_variant); the variant is named by small_variant_name."""
-    scheduled, stats = _schedule_or_plain(fused, allow_parallel, max_duplication=max_duplication, registers=registers)
+    scheduled, stats = _schedule_or_plain(fused, registers, allow_parallel, max_duplication=max_duplication)
     checked, n_checks = bounds.add_index_checks(scheduled, name)
     funcs = {name: checked.with_attr("global_symbol", name)}
     if small_variant is None:
         small_variant = schedule.needs_small_batch_variant(stats)
     if small_variant:
         small_name = small_variant_name(name)
-        small, _ = _schedule_or_plain(fused, allow_parallel, max_duplication=max_duplication, small_batch=True,
-                                      registers=registers)
+        small, _ = _schedule_or_plain(fused, registers, allow_parallel, max_duplication=max_duplication,
+                                      small_batch=True)
         small_checked, _ = bounds.add_index_checks(small, small_name)
         funcs[small_name] = small_checked.with_attr("global_symbol", small_name)
     return funcs, stats, n_checks
@@ -179,8 +179,8 @@ def compile_group(
                          _registers=registers)
 
 
-def _schedule_or_plain(func, allow_parallel: bool = True, max_duplication: int = schedule.DEFAULT_MAX_DUPLICATION,
-                       small_batch: bool = False, registers: RegisterFile = AVX512):
+def _schedule_or_plain(func, registers: RegisterFile, allow_parallel: bool = True,
+                       max_duplication: int = schedule.DEFAULT_MAX_DUPLICATION, small_batch: bool = False):
     """The tuned schedule, or (if TVM rejects it as a whole) the unscheduled function."""
     try:
         return schedule.schedule_group(func, allow_parallel, max_duplication, small_batch, registers)

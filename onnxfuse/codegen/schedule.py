@@ -275,7 +275,7 @@ def _block_dtype(block) -> str:
     return str(block.writes[0].source.dtype) if block.writes else "float32"
 
 
-def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: RegisterFile = AVX512) -> None:
+def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: RegisterFile) -> None:
     """Fuses the trailing static loops and vectorizes them (split by the vector width)."""
     block = sch.get(block_rv)
     lanes = _lanes(_block_dtype(block), registers)
@@ -346,7 +346,7 @@ def _register_tile_shape(row_extent: int | None, col_vectors: int, registers: Re
     return rows, vectors
 
 
-def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile = AVX512) -> bool:
+def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile) -> bool:
     """A register-blocked micro-kernel for C[i, j] += A[i, k] * B[k, j]:
 
         for i_o, j_o:                      # one tile of rows x (vectors x lanes) outputs
@@ -397,7 +397,7 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile
     return True
 
 
-def schedule_reduction(sch, stats: ScheduleStats, block_rv, registers: RegisterFile = AVX512) -> None:
+def schedule_reduction(sch, stats: ScheduleStats, block_rv, registers: RegisterFile) -> None:
     """Moves the reduction loops outside the (vectorized) last spatial loop: C[i, j:j+V] += A[i,k] * B[k, j:j+V]."""
     block = sch.get(block_rv)
     name = block.name_hint
@@ -437,7 +437,7 @@ def schedule_reduction(sch, stats: ScheduleStats, block_rv, registers: RegisterF
         _try(stats, f"vectorize init {name}", lambda: sch.vectorize(init_loops[-1]))
 
 
-def schedule_loop_nests(sch, stats: ScheduleStats, registers: RegisterFile = AVX512) -> None:
+def schedule_loop_nests(sch, stats: ScheduleStats, registers: RegisterFile) -> None:
     for block_rv in tir_walk.leaf_blocks(sch):
         block = sch.get(block_rv)
         if _is_reduction(block):
