@@ -46,18 +46,19 @@ def test_host_default_target_is_sse():
 
 
 @pytest.mark.parametrize("registers", [AVX512, AVX2, SSE, NEON], ids=["avx512", "avx2", "sse", "neon"])
-@pytest.mark.parametrize("row_extent", [1, 2, GEMM_TILE_ROWS, 12, None])
-@pytest.mark.parametrize("col_vectors", [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64])
-def test_register_tile_fits(registers, row_extent, col_vectors):
+def test_register_tile_fits(registers):
     """Accumulators, the weight vectors the rows share and one broadcast fit the registers, and
     the tile divides the loops it tiles (no ragged register tile). A one-row tile uses each
     weight vector once (an FMA operand straight from memory), so it keeps none."""
-    rows, vectors = _register_tile_shape(row_extent, col_vectors, registers)
-    shared_weights = vectors if rows > 1 else 0
-    assert rows * vectors + shared_weights + 1 <= registers.count
-    assert rows * vectors <= registers.count // 2
-    assert col_vectors % vectors == 0
-    assert row_extent is None or row_extent % rows == 0
+    for row_extent in (1, 2, GEMM_TILE_ROWS, 12, None):
+        for col_vectors in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64):
+            rows, vectors = _register_tile_shape(row_extent, col_vectors, registers)
+            shape = f"{rows} x {vectors} for {row_extent} rows, {col_vectors} column vectors"
+            shared_weights = vectors if rows > 1 else 0
+            assert rows * vectors + shared_weights + 1 <= registers.count, shape
+            assert rows * vectors <= registers.count // 2, shape
+            assert col_vectors % vectors == 0, shape
+            assert row_extent is None or row_extent % rows == 0, shape
 
 
 def test_register_tile_uses_the_registers():
