@@ -62,18 +62,47 @@ def host_triple(machine: str | None = None) -> str:
 
 def resolve_target(name: str = "native", mcpu: str | None = None, mattr: str | None = None) -> Target:
     """`native` = this machine's CPU (x86-64 or aarch64); `x86_64` = portable x86-64;
-    `aarch64` = ARMv8 Linux (NEON), cross-compiled."""
-    extra = tuple(a.strip() for a in mattr.split(",")) if mattr else ()
+    `aarch64` = ARMv8 Linux (NEON), cross-compiled. A CPU or feature LLVM does not know for the
+    target is a usage error (see check_cpu_and_features)."""
+    extra = tuple(a.strip() for a in mattr.split(",") if a.strip()) if mattr else ()
     if name == "native":
         import tvm
 
         triple = host_triple()
-        return Target("native", triple, "gcc", mcpu or tvm.target.codegen.llvm_get_system_cpu(), extra)
-    if name == "x86_64":
-        return Target("x86_64", "x86_64-linux-gnu", "gcc", mcpu or "x86-64-v2", extra)
-    if name == "aarch64":
+        target = Target("native", triple, "gcc", mcpu or tvm.target.codegen.llvm_get_system_cpu(), extra)
+    elif name == "x86_64":
+        target = Target("x86_64", "x86_64-linux-gnu", "gcc", mcpu or "x86-64-v2", extra)
+    elif name == "aarch64":
         # The cross linker is Debian's gcc-aarch64-linux-gnu unless ONNXFUSE_AARCH64_CC names another
         # (a compiler name on PATH or a path), e.g. a vendor toolchain; the tests use it to fake a missing one.
         cc = os.environ.get("ONNXFUSE_AARCH64_CC") or "aarch64-linux-gnu-gcc"
-        return Target("aarch64", "aarch64-linux-gnu", cc, mcpu or "generic", extra or ("+neon",))
-    raise UsageError(f"unknown target {name!r}; choose one of {', '.join(TARGET_NAMES)}")
+        target = Target("aarch64", "aarch64-linux-gnu", cc, mcpu or "generic", extra or ("+neon",))
+    else:
+        raise UsageError(f"unknown target {name!r}; choose one of {', '.join(TARGET_NAMES)}")
+    check_cpu_and_features(target)
+    return target
+
+
+def check_cpu_and_features(target: Target) -> None:
+    """Raises UsageError unless LLVM knows the target's CPU and every feature for its triple.
+
+    LLVM itself only warns and builds for a generic CPU: a typo such as `--mcpu neoverse_n1`
+    would quietly give slower kernels than the user asked for."""
+    import difflib
+
+    import tvm
+    from tvm.target import codegen
+
+    arch = target.triple.split("-")[0]
+    if target.mcpu and not codegen.llvm_is_valid_cpu(target.mcpu, target.triple):
+        known = codegen.llvm_get_cpu_archlist(tvm.target.Target({"kind": "llvm", "mtriple": target.triple}))
+        close = difflib.get_close_matches(target.mcpu, [str(cpu) for cpu in known], n=3)
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        raise UsageError(f"--mcpu {target.mcpu!r} is not an {arch} CPU that LLVM knows{hint}")
+    example = "+neon,+dotprod" if arch == "aarch64" else "+avx2,+fma"
+    for feature in target.mattr:
+        if feature[:1] not in ("+", "-") or len(feature) < 2:
+            raise UsageError(f"--mattr {feature!r}: each feature is +name or -name, e.g. {example}")
+        probe = tvm.target.Target({"kind": "llvm", "mtriple": target.triple, "mattr": [f"+{feature[1:]}"]})
+        if not codegen.target_has_features(feature[1:], probe):
+            raise UsageError(f"--mattr {feature!r} is not an {arch} CPU feature that LLVM knows (e.g. {example})")

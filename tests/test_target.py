@@ -48,3 +48,28 @@ def test_native_on_another_architecture_is_a_usage_error(monkeypatch, tmp_path):
     assert result.exit_code == 2, result.output
     assert "riscv64" in result.output and "Traceback" not in result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--mcpu", "notacpu"], "--mcpu 'notacpu' is not an x86_64 CPU that LLVM knows"),
+    (["--target", "aarch64", "--mcpu", "neoverse_n1"], "did you mean neoverse-n1"),
+    (["--target", "aarch64", "--mcpu", "znver4"], "'znver4' is not an aarch64 CPU"),
+    (["--mattr", "+notafeature"], "'+notafeature' is not an x86_64 CPU feature"),
+    (["--mattr", "avx2"], "each feature is +name or -name"),
+])
+def test_a_cpu_or_feature_llvm_does_not_know_is_a_usage_error(args, message, tmp_path):
+    """LLVM alone would warn and build for a generic CPU: a typo would quietly cost speed."""
+    out = tmp_path / "gate.fused.onnx"
+    result = CliRunner().invoke(main, ["optimize", str(MODELS / "lstm_gate.onnx"), "-o", str(out), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name, mcpu, mattr", [
+    ("native", "skylake-avx512", "+avx512f,-avx512bw"), ("x86_64", None, "+avx2"),
+    ("aarch64", "neoverse-n1", "+neon,+dotprod"), ("aarch64", "cortex-a72", None),
+])
+def test_known_cpus_and_features_resolve(name, mcpu, mattr):
+    target = resolve_target(name, mcpu, mattr)
+    assert target.mcpu == (mcpu or target.mcpu) and list(target.mattr) == (mattr.split(",") if mattr else list(target.mattr))
