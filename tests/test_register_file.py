@@ -137,14 +137,15 @@ def test_gemm_inner_loops_do_not_spill(tmp_path, name, mcpu, objdump, fma, spill
     assert not any(spilling), [s for s in spilling if s][:2]
 
 
-def test_avx2_build_matches_onnxruntime(tmp_path):
-    """Kernels built for an AVX2-only CPU (haswell) run here (AVX-512 includes AVX2) and give
-    onnxruntime's answers, at batches on both sides of the small-batch switch and a ragged tail."""
+@pytest.mark.parametrize("target, mcpu", [("native", "haswell"), ("x86_64", None)], ids=["avx2", "sse"])
+def test_narrow_register_builds_match_onnxruntime(tmp_path, target, mcpu):
+    """Kernels built for an AVX2-only CPU (haswell) and for portable x86-64 (SSE, 16 xmm
+    registers) run here and give onnxruntime's answers, at batches on both sides of the
+    small-batch switch and with a ragged tail."""
     for name in ("lstm_cell", "gru_cell"):
         source = MODELS / f"{name}.onnx"
-        result = optimize(source, tmp_path / f"{name}.fused.onnx", mcpu="haswell", cache_dir=False, jobs=1)
+        result = optimize(source, tmp_path / f"{name}.fused.onnx", target=target, mcpu=mcpu, cache_dir=False, jobs=1)
         assert result.report["groups_fallback"] == 0
         for batch in (1, 13, 64):
             expected, actual = run_both(source, result.model_path, random_inputs(source, batch, seed=batch))
             assert_outputs_match(expected, actual)
-
