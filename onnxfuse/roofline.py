@@ -108,19 +108,29 @@ def copy_bandwidth_gbs(megabytes: int = 256, repeats: int = 5) -> float:
     return round(2 * src.nbytes / best / 1e9, 2)
 
 
+def _one_node_call(op_type: str, x: np.ndarray, output_shape, threads: int, weight: np.ndarray | None = None):
+    """A timed call (bench's bound_call, like every timed call) of a one-node float32 model:
+    `op_type`(x) or `op_type`(x, weight) with the weight as an initializer."""
+    from .bench import bound_call, timing_session
+
+    inputs = ["x"] + (["w"] if weight is not None else [])
+    weights = [numpy_helper.from_array(weight, "w")] if weight is not None else []
+    graph = helper.make_graph([helper.make_node(op_type, inputs, ["y"])], f"one_{op_type}",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, list(output_shape))], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return bound_call(timing_session(model.SerializeToString(), threads), {"x": x})
+
+
 def gemm_peak_gflops(threads: int, size: int = PEAK_MATMUL_SIZE, calls: int = PEAK_CALLS) -> float:
     """GFLOP/s of onnxruntime's own GEMM on a large square float32 MatMul at `threads` threads
     (best of `calls`): the practical compute peak both onnxruntime and our kernels are held to."""
-    from .bench import alternating_rounds, bound_call, timing_session
+    from .bench import alternating_rounds
 
     rng = np.random.default_rng(0)
-    b = numpy_helper.from_array(rng.standard_normal((size, size)).astype(np.float32), "b")
-    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm_peak",
-                              [helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [size, size])],
-                              [helper.make_tensor_value_info("c", onnx.TensorProto.FLOAT, [size, size])], [b])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    feeds = {"a": rng.standard_normal((size, size)).astype(np.float32)}
-    call = bound_call(timing_session(model.SerializeToString(), threads), feeds)  # bench's call style
+    weight = rng.standard_normal((size, size)).astype(np.float32)
+    x = rng.standard_normal((size, size)).astype(np.float32)
+    call = _one_node_call("MatMul", x, (size, size), threads, weight)
     call()
     best = min(alternating_rounds([call], [1], calls)[0])
     return round(2 * size**3 / best / 1e9, 1)
@@ -130,13 +140,9 @@ def call_floor_us(threads: int, calls: int = CALL_FLOOR_CALLS) -> float:
     """Median µs of an onnxruntime call that does nothing (Identity of one float) at `threads`,
     called like every timed call (bench's bound_call): the fixed cost of a call from Python,
     which the kernel's side of every ratio pays too, whatever its kernel."""
-    from .bench import alternating_rounds, bound_call, timing_session
+    from .bench import alternating_rounds
 
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "call_floor",
-                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    call = bound_call(timing_session(model.SerializeToString(), threads), {"x": np.zeros(1, np.float32)})
+    call = _one_node_call("Identity", np.zeros(1, np.float32), (1,), threads)
     per_round = max(1, calls // CALL_FLOOR_ROUNDS)
     alternating_rounds([call], [per_round], 1)  # warm-up
     return round(float(np.median(alternating_rounds([call], [per_round], CALL_FLOOR_ROUNDS)[0])) * 1e6, 2)
