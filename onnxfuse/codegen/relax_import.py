@@ -2,7 +2,8 @@
 
 Steps (see /work/shared/notes/tvm-0.27.md, "One fused kernel per group"):
 1. `from_onnx` imports the group; shape-like initializers (Reshape shape, Slice starts, axes...)
-   are consumed by the frontend at import time and so end up embedded.
+   are consumed by the frontend at import time and so end up embedded. One-element constant
+   operands become scalars (scalar_operands), so they stay embedded too.
 2. Every tensor constant that is still an expression after import (weights, tree tables) is
    lifted into a parameter of `main` BEFORE folding: FuseTIR rejects tensor constants inside a
    primitive function, and FoldConstant would otherwise expand table lookups into batch-sized
@@ -31,6 +32,7 @@ from ..errors import CompileError
 from ..kernel_spec import DerivedDim, Dim
 from .fast_math import FastMath
 from .legalize import CUSTOM_LEGALIZE, FoldShapeTake
+from .scalar_operands import ScalarOperands
 
 FUSED_NAME = "fused_group"
 
@@ -223,7 +225,7 @@ def graph_input_names(model: onnx.ModelProto) -> list[str]:
 def import_group(model: onnx.ModelProto, name: str, fast_math: bool = True) -> ImportedGroup:
     mod = _import(model)
     try:
-        mod, lifted = _lift_constants(mod)
+        mod, lifted = _lift_constants(ScalarOperands()(mod))
     except Exception as exc:
         raise CompileError(f"lift constants: {_short(exc)}") from exc
     try:
