@@ -85,16 +85,37 @@ def test_recurrent_cell_becomes_one_kernel(name, tmp_path, cache):
     assert {"MatMul", "Split", "Sigmoid", "Tanh"} <= set(group["op_types"])
 
 
-def test_unaligned_input_memory(tmp_path, cache):
-    """Numpy views at odd offsets reach the kernel as they are; results must not change."""
-    source = MODELS / "diamond.onnx"
-    result = optimize(source, tmp_path / "diamond.fused.onnx", cache_dir=cache, jobs=1)
+def _offset_view(values: np.ndarray, byte_offset: int) -> np.ndarray:
+    """A float32 copy of `values` whose data starts `byte_offset` bytes past a 64-byte boundary."""
+    storage = np.zeros(values.nbytes + 128, np.uint8)
+    start = (-storage.ctypes.data) % 64 + byte_offset
+    view = storage[start:start + values.nbytes].view(np.float32).reshape(values.shape)
+    view[...] = values
+    return view
+
+
+@pytest.mark.parametrize("name", ["diamond", "lstm_cell"])
+@pytest.mark.parametrize("byte_offset", [4, 16])
+def test_unaligned_input_memory(tmp_path, cache, name, byte_offset):
+    """Numpy memory is rarely 64-byte aligned (large arrays sit 16 bytes past a page boundary):
+    kernels read it in place, elementwise and GEMM alike, and results must not change."""
+    source = MODELS / f"{name}.onnx"
+    result = optimize(source, tmp_path / f"{name}.fused.onnx", cache_dir=cache, jobs=1)
     for batch in (1, 7, 33):
-        storage = np.random.default_rng(batch).standard_normal(batch * 32 + 1).astype(np.float32)
-        x = storage[1:].reshape(batch, 32)  # 4 bytes past an aligned start
-        assert x.ctypes.data % 64 != 0
-        expected, actual = run_both(source, result.model_path, {"X": x})
+        feeds = {k: _offset_view(v, byte_offset) for k, v in random_inputs(source, batch, seed=batch).items()}
+        assert all(v.ctypes.data % 64 == byte_offset for v in feeds.values())
+        expected, actual = run_both(source, result.model_path, feeds)
         assert_outputs_match(expected, actual)
+
+
+def test_input_not_even_element_aligned(tmp_path, cache):
+    """A float32 tensor at an odd address is copied to aligned memory before the kernel runs."""
+    source = MODELS / "lstm_gate.onnx"
+    result = optimize(source, tmp_path / "gate.fused.onnx", cache_dir=cache, jobs=1)
+    feeds = {k: _offset_view(v, 1) for k, v in random_inputs(source, 5).items()}
+    assert all(v.ctypes.data % 4 == 1 for v in feeds.values())
+    expected, actual = run_both(source, result.model_path, feeds)
+    assert_outputs_match(expected, actual)
 
 
 def test_second_optimize_compiles_nothing(tmp_path):

@@ -324,19 +324,25 @@ static OrtStatus *call_kernel(const kernel_desc *k, const OrtKernelContext *ctx,
 }
 
 /* ---- Alignment -------------------------------------------------------------------------------
- * TVM kernels assume 64-byte aligned buffers and emit aligned vector loads and stores, but
- * onnxruntime passes caller memory (a numpy array, say) through as it is. Such tensors run
- * through an aligned copy: inputs copied in before the call, outputs copied back after it. */
+ * Kernels assume only element alignment of their tensors (codegen/param_alignment.py), which
+ * onnxruntime's and numpy's memory always has. A tensor that is not even element aligned would
+ * make a kernel fault, so it runs through an aligned copy: inputs copied in before the call,
+ * outputs copied back after it. */
+static size_t element_bytes(const DLTensor *t) {
+    return (size_t)((t->dtype.bits * t->dtype.lanes + 7) / 8);
+}
+
 static size_t tensor_bytes(const DLTensor *t) {
     size_t n = 1;
     for (int32_t d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];
-    return n * (size_t)((t->dtype.bits * t->dtype.lanes + 7) / 8);
+    return n * element_bytes(t);
 }
 
 static OrtStatus *stage_unaligned(const kernel_desc *k, call_frame *frame, void **original) {
     for (int32_t i = 0; i < k->num_inputs + k->num_outputs; i++) {
         DLTensor *t = &frame->tensors[i];
-        if ((uintptr_t)t->data % WORKSPACE_ALIGNMENT == 0) continue;
+        size_t alignment = element_bytes(t) ? element_bytes(t) : 1;
+        if ((uintptr_t)t->data % alignment == 0) continue;
         size_t bytes = tensor_bytes(t);
         void *aligned = NULL;
         if (posix_memalign(&aligned, WORKSPACE_ALIGNMENT, bytes ? bytes : 1) != 0)
