@@ -55,6 +55,7 @@ class ScheduleStats:
     computed_at: int = 0
     vectorized: int = 0
     reductions_scheduled: int = 0
+    reductions_factored: int = 0  # row reductions split in vector lanes (factor_row_reductions)
     parallel: bool = False
     tile_rows: int = 0
     symbolic_rows: bool = False  # the row-tile loop runs over a symbolic (batch) extent
@@ -397,8 +398,38 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile
     return True
 
 
+_sblock_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
+
+
+def _loop_kinds(sch, block_rv, loops) -> list[int]:
+    """COMM_REDUCE for each loop that a reduction iter var of the block is bound to, else
+    DATA_PAR. Read from the bindings, since rfactor and compute_at leave loops in another order
+    than the iter vars."""
+    block = sch.get(block_rv)
+    bindings = _sblock_realize(sch, block_rv).iter_values
+    reduce_bindings = [b for iv, b in zip(block.iter_vars, bindings) if int(iv.iter_type) == COMM_REDUCE]
+    return [COMM_REDUCE if any(tir_walk.uses_var(b, sch.get(lp).loop_var) for b in reduce_bindings) else DATA_PAR
+            for lp in loops]
+
+
+def _contiguous_loop(sch, block_rv, loops):
+    """Among `loops`, the innermost one bound to the iter var that indexes the last dimension
+    of the block's output (its contiguous one), or None: what a reduction vectorizes over."""
+    block = sch.get(block_rv)
+    if not block.writes:
+        return None
+    last = block.writes[0].region[-1].min
+    bindings = _sblock_realize(sch, block_rv).iter_values
+    binding = next((b for iv, b in zip(block.iter_vars, bindings) if last.same_as(iv.var)), None)
+    if binding is None:
+        return None
+    bound = [lp for lp in loops if tir_walk.uses_var(binding, sch.get(lp).loop_var)]
+    return bound[-1] if bound else None
+
+
 def schedule_reduction(sch, stats: ScheduleStats, block_rv, registers: RegisterFile) -> None:
-    """Moves the reduction loops outside the (vectorized) last spatial loop: C[i, j:j+V] += A[i,k] * B[k, j:j+V]."""
+    """Moves the reduction loops outside the (vectorized) contiguous output loop:
+    C[i, j:j+V] += A[i,k] * B[k, j:j+V]."""
     block = sch.get(block_rv)
     name = block.name_hint
     loops = _own_loops(sch, block_rv)
@@ -406,22 +437,29 @@ def schedule_reduction(sch, stats: ScheduleStats, block_rv, registers: RegisterF
         return
     if _is_matmul_like(block) and schedule_matmul(sch, stats, block_rv, registers):
         return
-    spatial = [lp for lp, iv in zip(loops, block.iter_vars) if int(iv.iter_type) == DATA_PAR]
-    reduce = [lp for lp, iv in zip(loops, block.iter_vars) if int(iv.iter_type) == COMM_REDUCE]
-    if not spatial or not reduce or len(spatial) + len(reduce) != len(loops):
+    kinds = _loop_kinds(sch, block_rv, loops)
+    reduce = [lp for lp, kind in zip(loops, kinds) if kind == COMM_REDUCE]
+    contiguous = _contiguous_loop(sch, block_rv, loops)
+    if contiguous is not None and kinds[loops.index(contiguous)] != DATA_PAR:
+        contiguous = None
+    spatial = [lp for lp, kind in zip(loops, kinds) if kind == DATA_PAR and lp != contiguous]
+    if not reduce:
         return
     lanes = _lanes(_block_dtype(block), registers)
-    last_extent = _static(sch.get(spatial[-1]).extent)
+    extent = _static(sch.get(contiguous).extent) if contiguous is not None else None
     holder = {}
     vector_loop = None
-    if last_extent is not None and last_extent >= lanes and last_extent % lanes == 0:
-        if _try(stats, f"split {name}", lambda: holder.update(cols=sch.split(spatial[-1], [None, lanes]))):
+    if extent is not None and extent >= lanes and extent % lanes == 0:
+        if _try(stats, f"split {name}", lambda: holder.update(cols=sch.split(contiguous, [None, lanes]))):
             col_outer, vector_loop = holder["cols"]
-            spatial = spatial[:-1] + [col_outer]
-    elif last_extent is not None and 1 < last_extent <= lanes:
-        vector_loop, spatial = spatial[-1], spatial[:-1]
+            spatial.append(col_outer)
+    elif extent is not None and 1 < extent <= lanes:
+        vector_loop = contiguous
+    elif contiguous is not None:
+        spatial.append(contiguous)
     order = spatial + reduce + ([vector_loop] if vector_loop is not None else [])
-    if not _try(stats, f"reorder {name}", lambda: sch.reorder(*order)):
+    in_order = [sch.get(lp) for lp in order] == [sch.get(lp) for lp in _own_loops(sch, block_rv)]
+    if not in_order and not _try(stats, f"reorder {name}", lambda: sch.reorder(*order)):
         return
     stats.reductions_scheduled += 1
     if vector_loop is None:
@@ -437,9 +475,76 @@ def schedule_reduction(sch, stats: ScheduleStats, block_rv, registers: RegisterF
         _try(stats, f"vectorize init {name}", lambda: sch.vectorize(init_loops[-1]))
 
 
-def schedule_loop_nests(sch, stats: ScheduleStats, registers: RegisterFile) -> None:
+def _reads_rows(block, reduce_var) -> bool:
+    """Whether the block reduces along rows: its innermost reduction var indexes the last (the
+    contiguous) dimension of a buffer it reads, and the last dimension of its output indexes no
+    read's last dimension, so there are no contiguous output columns to vectorize over."""
+    def last_index(region):
+        return region.region[-1].min if len(region.region) else None
+
+    out_last = last_index(block.writes[0]) if block.writes else None
+    read_lasts = [last_index(r) for r in block.reads]
+    along_rows = any(i is not None and i.same_as(reduce_var) for i in read_lasts)
+    columns = out_last is not None and any(i is not None and i.same_as(out_last) for i in read_lasts)
+    return along_rows and not columns
+
+
+def factor_row_reductions(sch, stats: ScheduleStats, registers: RegisterFile) -> list[tuple[str, str]]:
+    """A reduction whose output has no contiguous columns to vectorize over (a row sum, mean or
+    max over the last axis) is split in vector lanes instead: `rfactor` makes `lanes` partial
+    results, each accumulated over every lanes-th element of the row (a vector op per step),
+    then a short sum of the lanes. Returns (partial sums, final sum) block names.
+
+    Done before row tiling: the final sum then keeps the tile's `row < N` predicate (rfactor
+    drops a predicate that is already there, which let a ragged tail write past the output)."""
+    factored = []
     for block_rv in tir_walk.leaf_blocks(sch):
         block = sch.get(block_rv)
+        if not _is_reduction(block):
+            continue
+        loops = _own_loops(sch, block_rv)
+        if len(loops) != len(block.iter_vars) or _loop_kinds(sch, block_rv, loops)[-1] != COMM_REDUCE:
+            continue
+        if not _reads_rows(block, block.iter_vars[-1].var):
+            continue  # schedule_reduction vectorizes over the output's columns instead
+        lanes = _lanes(_block_dtype(block), registers)
+        extent = _static(sch.get(loops[-1]).extent)
+        if extent is None or extent < 2 * lanes or extent % lanes != 0:
+            continue
+        name = block.name_hint
+        parts = _split(sch, stats, loops[-1], [None, lanes], f"split reduction {name}")
+        holder = {}
+        if parts is not None and _try(stats, f"rfactor {name}", lambda: holder.update(rf=sch.rfactor(parts[1], len(block.writes[0].region)))):
+            stats.reductions_factored += 1
+            factored.append((sch.get(holder["rf"]).name_hint, name))
+    return factored
+
+
+def nest_partial_sums(sch, stats: ScheduleStats, factored: list[tuple[str, str]]) -> None:
+    """Computes each row's partial sums right before the final sum that reads them (under its
+    last spatial loop): one vector accumulator per row. Left beside the final sum at the row
+    tile, TVM does not shrink their buffer to the tile when the batch is symbolic: every tile
+    then allocated the whole batch's partial sums."""
+    for partial, final in factored:
+        rf, final_rv = sch.get_sblock(partial), sch.get_sblock(final)
+        loops = _own_loops(sch, final_rv)
+        kinds = _loop_kinds(sch, final_rv, loops)
+        spatial = [lp for lp, kind in zip(loops, kinds) if kind == DATA_PAR]
+        lanes = [lp for lp, kind in zip(loops, kinds) if kind == COMM_REDUCE]
+        if not spatial or not lanes:
+            continue
+        # compute_at may have put the lane loop outside the row loops: lanes innermost first.
+        if kinds != sorted(kinds) and not _try(stats, f"reorder {final}", lambda: sch.reorder(*spatial, *lanes)):
+            continue
+        _try(stats, f"compute_at {partial}", lambda: sch.compute_at(rf, spatial[-1], preserve_unit_loops=True))
+
+
+def schedule_loop_nests(sch, stats: ScheduleStats, registers: RegisterFile, done: frozenset[str] = frozenset()) -> None:
+    """Schedules each leaf block's own loops, except the blocks named in `done`."""
+    for block_rv in tir_walk.leaf_blocks(sch):
+        block = sch.get(block_rv)
+        if block.name_hint in done:
+            continue
         if _is_reduction(block):
             schedule_reduction(sch, stats, block_rv, registers)
         elif block.body is not None and hasattr(block.body, "value"):
@@ -473,6 +578,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     widest_row = row_elements(sch)
     inline_cheap_producers(sch, stats, max_duplication)
     separate_read_outputs(sch, stats)
+    factored = factor_row_reductions(sch, stats, registers)
     tiled = tile_rows(sch, stats, widest_row, small_batch)
     if tiled is not None:
         anchors, outer, batch = tiled
@@ -485,7 +591,9 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
         if allow_parallel and not small_batch and (batch is None or total >= PARALLEL_MIN_ELEMENTS):
             if _try(stats, "parallel tiles", lambda: sch.parallel(outer)):
                 stats.parallel = True
-    schedule_loop_nests(sch, stats, registers)
+    nest_partial_sums(sch, stats, factored)
+    # A row's final sum of the lanes is short and already in place around its partial sums.
+    schedule_loop_nests(sch, stats, registers, done=frozenset(final for _, final in factored))
     if tiled is not None and stats.tile_rows == GEMM_TILE_ROWS:
         hint_tail_partition(sch, stats)
     return sch.mod["main"], stats
@@ -508,8 +616,12 @@ def hint_tail_partition(sch, stats: ScheduleStats) -> None:
     tile every block carries a `row < N` predicate; without this its loops would still run the
     whole tile (32 rows of a matmul for one real row: 13 us instead of 2 us at batch 1).
     Partitioning gives a predicate-free part, a short mixed part, and drops the dead part.
-    Only for GEMM groups: on a depth-8 tree chain it tripled LLVM time (1.3 s -> 4.5 s)."""
+    Only for GEMM groups: on a depth-8 tree chain it tripled LLVM time (1.3 s -> 4.5 s). Not
+    around an ArgMax/ArgMin (a reduction into two buffers): partitioned, TVM 0.27 made its
+    ragged tile write out of bounds (a segfault at batch 33)."""
     for block_rv in tir_walk.leaf_blocks(sch):
+        if len(sch.get(block_rv).writes) > 1:
+            continue
         for loop in list(sch.get_loops(block_rv))[1:]:
             node = sch.get(loop)
             if node.kind != tvm.tirx.ForKind.SERIAL or _static(node.extent) in (None, 1) or "pragma_loop_partition_hint" in node.annotations:

@@ -78,3 +78,14 @@ def leaf_blocks(sch) -> list:
     for top in sch.get_child_blocks(sch.get_sblock("root")):
         walk(top)
     return found
+
+
+def uses_var(expr, var) -> bool:
+    """Whether `var` occurs in `expr` (a block's iter binding such as `ax0_0 * 8 + ax0`)."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if node.same_as(var):
+            return True
+        stack.extend(_children(node))
+    return False
