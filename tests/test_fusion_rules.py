@@ -176,14 +176,77 @@ def test_input_bound():
     assert [len(g) for g in groups(m)] == [6]
 
 
-def test_reduction_takes_its_producers_but_not_its_consumers():
-    m = model(
+def _relu_sum_sigmoid(axis: int):
+    shape = (4, 1) if axis == 1 else (1, 8)
+    return model(
         [node("Relu", ["x"], "r"), node("ReduceSum", ["r", "axes"], "s", keepdims=1), node("Sigmoid", ["s"], "y")],
-        X, {"y": (4, 1)}, {"axes": const_i64(1)},
+        X, {"y": shape}, {"axes": const_i64(axis)},
     )
-    assert groups(m) == [{"r", "s"}]
-    assert "reduction" in reasons(m)["y"] or "graph outputs" in reasons(m)["y"]
-    assert "reduction" in reasons(m)["s"] if "s" in reasons(m) else True
+
+
+def test_reduction_takes_its_producers_but_not_its_consumers_in_tvm_rules():
+    assert groups(_relu_sum_sigmoid(axis=1), row_reductions=False) == [{"r", "s"}]
+
+
+def test_row_reduction_takes_its_consumers():
+    """Past TVM: a reduction within rows (axis 0 kept) goes on into its elementwise consumers."""
+    assert groups(_relu_sum_sigmoid(axis=1)) == [{"r", "s", "y"}]
+
+
+def test_reduction_over_the_batch_axis_does_not_take_its_consumers():
+    """Each output row would need every input row: no row tile could compute it alone."""
+    assert groups(_relu_sum_sigmoid(axis=0)) == [{"r", "s"}]
+    alone = model([node("ReduceSum", ["x", "axes"], "s", keepdims=1), node("Sigmoid", ["s"], "y")],
+                  X, {"y": (1, 8)}, {"axes": const_i64(0)})
+    assert groups(alone) == []
+    assert "batch axis" in reasons(alone)["s"]
+    assert "reduction" in reasons(alone, row_reductions=False)["s"]
+
+
+def test_layernorm_of_plain_ops_is_one_group():
+    """Two row reductions, each broadcast back onto its rows: TVM makes three groups of it."""
+    m = model(
+        [
+            node("ReduceMean", ["x", "axes"], "mu", keepdims=1),
+            node("Sub", ["x", "mu"], "d"),
+            node("Pow", ["d", "two"], "d2"),
+            node("ReduceMean", ["d2", "axes"], "var", keepdims=1),
+            node("Add", ["var", "eps"], "ve"),
+            node("Sqrt", ["ve"], "sd"),
+            node("Div", ["d", "sd"], "n"),
+            node("Mul", ["n", "gamma"], "y"),
+        ],
+        X, {"y": (4, 8)},
+        {"axes": const_i64(-1), "two": np.array([2.0], np.float32), "eps": np.array(1e-5, np.float32),
+         "gamma": weights(8)},
+        opset=18,
+    )
+    assert groups(m) == [{"mu", "d", "d2", "var", "ve", "sd", "n", "y"}]
+    assert len(groups(m, row_reductions=False)) > 1
+
+
+def test_softmax_of_plain_ops_is_one_group():
+    m = model(
+        [
+            node("ReduceMax", ["x", "axes"], "m", keepdims=1),
+            node("Sub", ["x", "m"], "d"),
+            node("Exp", ["d"], "e"),
+            node("ReduceSum", ["e", "axes"], "s", keepdims=1),
+            node("Div", ["e", "s"], "y"),
+        ],
+        X, {"y": (4, 8)}, {"axes": const_i64(1)}, opset=18,
+    )
+    assert groups(m) == [{"m", "d", "e", "s", "y"}]
+
+
+def test_row_reduction_stops_at_an_anchor():
+    m = model(
+        [node("ReduceMean", ["x", "axes"], "mu", keepdims=1), node("Sub", ["x", "mu"], "d"),
+         node("MatMul", ["d", "w"], "y")],
+        X, {"y": (4, 3)}, {"axes": const_i64(1), "w": weights(8, 3)}, opset=18,
+    )
+    assert {"mu", "d"} in groups(m)
+    assert not any("y" in g and "mu" in g for g in groups(m))
 
 
 def test_injective_chain_into_a_reduction():

@@ -33,6 +33,7 @@ class FusionNode:
     opaque_reason: str | None
     outputs: list[Edge] = field(default_factory=list)
     exports: bool = False  # produces a graph output
+    keeps_rows: bool = False  # a reduction that keeps the first (batch) axis: it reduces within rows
 
 
 @dataclass
@@ -77,6 +78,29 @@ def classify(node: Node, graph: Graph) -> tuple[OpKind, str | None]:
     return info.kind, None
 
 
+def reduces_within_rows(node: Node, graph: Graph) -> bool:
+    """Whether a reduction keeps axis 0: each output row then depends on one input row only, so
+    a row-tiled kernel can compute it tile by tile. False when the axes are unknown."""
+    data = graph.value(node.inputs[0]) if node.inputs and node.inputs[0] else None
+    if data is None or data.shape is None or len(data.shape) < 2:
+        return False
+    rank = len(data.shape)
+    if node.op_type in ("ArgMax", "ArgMin"):
+        axes = [node.attributes.get("axis", 0)]
+    elif "axes" in node.attributes:
+        axes = list(node.attributes["axes"])
+    elif len(node.inputs) > 1 and node.inputs[1]:
+        constant = graph.constant(node.inputs[1])
+        if constant is None:
+            return False
+        axes = [int(a) for a in constant.reshape(-1)]
+    else:
+        axes = []  # no axes: every axis (or none, with noop_with_empty_axes)
+    if not axes:
+        return bool(node.attributes.get("noop_with_empty_axes", 0))
+    return all(0 < (int(a) % rank) for a in axes)
+
+
 def build_forward_graph(graph: Graph) -> ForwardGraph:
     order = graph.topological_order
     nodes: list[FusionNode] = []
@@ -86,7 +110,8 @@ def build_forward_graph(graph: Graph) -> ForwardGraph:
         info = op_info(node.op_type, node.domain)
         epilogue_kind = OpKind.ELEMWISE if (info and info.epilogue_safe and kind != OpKind.OPAQUE) else kind
         exports = any(o and graph.value(o).is_graph_output for o in node.outputs)
-        nodes.append(FusionNode(pos, node, kind, epilogue_kind, reason, exports=exports))
+        keeps_rows = kind == OpKind.COMM_REDUCE and reduces_within_rows(node, graph)
+        nodes.append(FusionNode(pos, node, kind, epilogue_kind, reason, exports=exports, keeps_rows=keeps_rows))
     fg = ForwardGraph(nodes, graph)
     _add_edges(fg)
     _mark_shape_computations(fg)

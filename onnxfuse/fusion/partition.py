@@ -12,7 +12,10 @@ Beyond TVM (each switchable in `FusionOptions`):
 - multi-anchor: a second anchor may join a group that already has one when they meet at an
   elementwise sink (the two MatMuls of a GRU/LSTM cell);
 - injective into reduce: injective chains may end in a reduction (a tree ensemble's leaf gather
-  feeding its mean over trees).
+  feeding its mean over trees);
+- row reductions: a reduction that keeps the batch axis takes its elementwise and broadcast
+  consumers up to its post-dominator, and the row reductions on the way, so a LayerNorm or a
+  softmax written as plain ops is one group (TVM never fuses a reduction's result).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class FusionOptions:
     split_fanout: bool = True
     multi_anchor: bool = True
     injective_into_reduce: bool = True
+    row_reductions: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_depth", "max_inputs", "max_duplication"):
@@ -50,6 +54,7 @@ class Group:
     epilogue: OpKind  # the max epilogue kind over members
     members: list[int] = field(default_factory=list)
     anchored: bool = False
+    keeps_rows: bool = True  # every reduction in the group keeps the batch axis
     parent: "Group | None" = None
 
     def root(self) -> "Group":
@@ -65,7 +70,8 @@ class Partitioner:
     def __init__(self, fg: ForwardGraph, tree: list[DomNode], options: FusionOptions):
         self.fg, self.tree, self.options = fg, tree, options
         self.groups = [
-            Group(n.kind, n.epilogue_kind, [n.pos], anchored=n.kind == OpKind.OUT_EWISE_FUSABLE)
+            Group(n.kind, n.epilogue_kind, [n.pos], anchored=n.kind == OpKind.OUT_EWISE_FUSABLE,
+                  keeps_rows=n.kind != OpKind.COMM_REDUCE or n.keeps_rows)
             for n in fg.nodes
         ]
         self.reasons: dict[int, str] = {}
@@ -96,8 +102,10 @@ class Partitioner:
         elif group.pattern == OpKind.INJECTIVE:
             if phase == 1:
                 self._fuse_injective(pos, sink)
-        else:
+        elif not self.options.row_reductions:
             self.reasons[pos] = "a reduction's result is not fused into its consumers"
+        elif phase == 0:
+            self._fuse_row_reduction(pos, sink)
 
     def _fuse_anchor(self, pos: int, sink: int, dom: DomNode) -> None:
         edge = dom.epilogue if self.options.split_fanout else dom.pattern
@@ -138,6 +146,17 @@ class Partitioner:
             if root.pattern <= OpKind.INJECTIVE:
                 return True
             return is_sink and into_reduce and root.pattern == OpKind.COMM_REDUCE and not root.anchored
+        self._fuse_if_path(pos, sink, allowed)
+
+    def _fuse_row_reduction(self, pos: int, sink: int) -> None:
+        if not self.groups[pos].root().keeps_rows:
+            self.reasons[pos] = "it reduces over the batch axis: its result is not fused into its consumers"
+            return
+
+        def allowed(root: Group, is_sink: bool) -> bool:
+            if root.anchored or root.pattern == OpKind.OPAQUE:
+                return False
+            return root.keeps_rows if root.pattern == OpKind.COMM_REDUCE else root.pattern <= OpKind.BROADCAST
         self._fuse_if_path(pos, sink, allowed)
 
     # -- the path check and the commit ----------------------------------------------------------
@@ -192,6 +211,9 @@ class Partitioner:
         child.members = []
         child.parent = parent
         parent.epilogue = combine(parent.epilogue, child.epilogue)
+        parent.keeps_rows = parent.keeps_rows and child.keeps_rows
+        if child.pattern == OpKind.COMM_REDUCE and not child.anchored:  # a row reduction's group
+            parent.pattern = combine(parent.pattern, child.pattern)
         if child.anchored:
             parent.anchored = True
             parent.pattern = combine(parent.pattern, child.pattern)
