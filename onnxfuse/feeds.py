@@ -17,12 +17,13 @@ ORT_TYPES = {
 
 
 def random_array(dtype: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Always an ndarray: for shape () numpy's draws are scalars, which onnxruntime refuses."""
     dt = np.dtype(dtype)
     if dt == np.bool_:
-        return rng.random(shape) < 0.5
+        return np.asarray(rng.random(shape) < 0.5)
     if np.issubdtype(dt, np.integer):
-        return rng.integers(0, 2, size=shape).astype(dt)
-    return rng.standard_normal(shape).astype(dt)
+        return np.asarray(rng.integers(0, 2, size=shape), dtype=dt)
+    return np.asarray(rng.standard_normal(shape), dtype=dt)
 
 
 def concrete_shape(shape, dims: dict[str, int], default: int) -> tuple[int, ...]:

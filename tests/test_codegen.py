@@ -321,6 +321,25 @@ def test_unsupported_op_raises_compile_error(tmp_path, target):
     assert "\n" not in str(info.value)
 
 
+def test_group_input_the_kernel_does_not_read_is_a_compile_error(tmp_path, target):
+    """The custom node would pass more tensors than the kernel takes (seen with a Dropout whose
+    ratio input TVM's import ignores): refuse at compile time, so the group falls back."""
+    nodes = [h.make_node("Neg", ["x"], ["a"]), h.make_node("Dropout", ["a", "ratio"], ["y"])]
+    model = make_model(nodes, [f32("x", ["N", 4]), f32("ratio", [])], [f32("y", ["N", 4])], opset=13)
+    with pytest.raises(CompileError, match="inputs"):
+        compile_group(model, "k", target, tmp_path)
+
+
+def test_random_feeds_of_rank_zero_are_arrays():
+    """onnxruntime refuses numpy scalars; a 0-d bool input once made verification skip a group."""
+    from onnxfuse.feeds import random_array
+
+    rng = np.random.default_rng(0)
+    for dtype in ("bool", "int64", "float32"):
+        value = random_array(dtype, (), rng)
+        assert isinstance(value, np.ndarray) and value.shape == () and value.dtype == np.dtype(dtype)
+
+
 def test_bad_name_raises_compile_error(tmp_path, target):
     with pytest.raises(CompileError):
         compile_group(lstm_gate_model(), "not an identifier", target, tmp_path)

@@ -359,3 +359,26 @@ def test_tree_level_index_is_read_four_times_per_level(depth):
     (group,) = plan_fusion(load_model(f"models/tree_trav_d{depth}.onnx")).groups
     assert group.to_json()["max_reuse"] == 4
     assert sum(1 for n in group.reuse.values() if n == 4) == depth
+
+
+def test_ops_the_code_generator_would_get_wrong_stay_unfused():
+    """Found by sweeping the ONNX node tests: each compiled, verified on random inputs, and
+    differed from onnxruntime on others."""
+    isinf = model([node("IsInf", ["x"], "i", detect_negative=0), node("Not", ["i"], "y")], X, ["y"])
+    assert groups(isinf) == [] and "detect_negative" in reasons(isinf)["i"]
+    assert groups(model([node("IsInf", ["x"], "i"), node("Not", ["i"], "y")], X, ["y"])) == [{"i", "y"}]
+    thresholded = model([node("ThresholdedRelu", ["x"], "t", alpha=0.5), node("Neg", ["t"], "y")], X, {"y": (4, 8)})
+    assert groups(thresholded) == [] and "NaN" in reasons(thresholded)["t"]
+
+
+def test_dropout_in_training_mode_stays_unfused():
+    """With a training_mode that is not a constant false, Dropout is not the identity."""
+    import onnx
+
+    m = model([node("Dropout", ["x", "ratio", "training"], "d"), node("Neg", ["d"], "y")], X, {"y": (4, 8)},
+              {"ratio": np.array(0.5, np.float32)})
+    m.graph.input.append(onnx.helper.make_tensor_value_info("training", onnx.TensorProto.BOOL, []))
+    assert groups(m) == [] and "training_mode" in reasons(m)["d"]
+    inference = model([node("Dropout", ["x", "ratio", "training"], "d"), node("Neg", ["d"], "y")], X, {"y": (4, 8)},
+                      {"ratio": np.array(0.5, np.float32), "training": np.array(False)})
+    assert groups(inference) == [{"d", "y"}]

@@ -250,6 +250,11 @@ def import_group(model: onnx.ModelProto, name: str, fast_math: bool = True) -> I
 
     weight_names, extra = _source_names(model, lifted, name)
     sources = graph_input_names(model) + weight_names
+    if len(prim.params) != len(sources) + len(output_types):
+        # FuseTIR drops parameters nothing reads (a Dropout's ratio): the custom node would then
+        # pass more tensors than the kernel takes.
+        raise CompileError(f"fuse: the kernel reads {len(prim.params) - len(output_types)} of the group's "
+                           f"{len(sources)} inputs; a group must use all of them")
     return ImportedGroup(prim, sources, extra, len(sources), input_types, output_types)
 
 

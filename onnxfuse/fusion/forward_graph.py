@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..ir import Graph, Node
 from ..ops import COMPILABLE_DTYPES, OPAQUE_REASONS, OpKind, combine, op_info
 
@@ -60,6 +62,12 @@ def classify(node: Node, graph: Graph) -> tuple[OpKind, str | None]:
     live_outputs = [o for o in node.outputs if o]
     if node.op_type in ("Dropout", "BatchNormalization") and len(live_outputs) > 1:
         return OpKind.OPAQUE, f"{node.op_type} in training mode (extra outputs)"
+    if node.op_type == "Dropout" and len(node.inputs) > 2 and node.inputs[2]:
+        training = graph.constant(node.inputs[2])
+        if training is None or bool(np.asarray(training).reshape(-1)[0]):
+            return OpKind.OPAQUE, "Dropout whose training_mode may be true: the code generator treats it as identity"
+    if node.op_type == "IsInf" and not (node.attributes.get("detect_positive", 1) and node.attributes.get("detect_negative", 1)):
+        return OpKind.OPAQUE, "IsInf with detect_positive or detect_negative off: the code generator ignores them"
     for name in [n for n in node.inputs if n] + live_outputs:
         dtype = graph.value(name).dtype
         if dtype is None:
