@@ -17,6 +17,11 @@ def _fast_sigmoid(x: te.Tensor) -> te.Tensor:
     return te.compute(x.shape, lambda *i: one / (one + e(*i)), name="fast_sigmoid")
 
 
+def _keeping_nan(x: te.Tensor, approximation: te.Tensor) -> te.Tensor:
+    """NaN where x is NaN: topi's fast erf clamps its input with max/min, which turns NaN into 1."""
+    return te.compute(x.shape, lambda *i: tvm.tirx.Select(tvm.tirx.isnan(x(*i)), x(*i), approximation(*i)), name="keep_nan")
+
+
 def _fast_softmax(x: te.Tensor, axis: int) -> te.Tensor:
     """exp(x - max) / sum: topi's softmax calls libm's expf once per element (not vectorized)."""
     peak = topi.max(x, axis=axis, keepdims=True)
@@ -33,7 +38,7 @@ def _fast_log_softmax(x: te.Tensor, axis: int) -> te.Tensor:
 _REWRITES = {
     "relax.exp": lambda x, attrs: topi.fast_exp(x),
     "relax.tanh": lambda x, attrs: topi.fast_tanh(x),
-    "relax.erf": lambda x, attrs: topi.fast_erf(x),
+    "relax.erf": lambda x, attrs: _keeping_nan(x, topi.fast_erf(x)),
     "relax.sigmoid": lambda x, attrs: _fast_sigmoid(x),
     "relax.nn.softmax": lambda x, attrs: _fast_softmax(x, int(attrs.axis)),
     "relax.nn.log_softmax": lambda x, attrs: _fast_log_softmax(x, int(attrs.axis)),

@@ -7,7 +7,7 @@
   by construction.
 - `relu`: TVM lowers it to `max(x, 0)`, which turns NaN into 0; onnxruntime (and numpy) keep
   NaN. `x < 0 ? 0 : x` keeps it at the same cost, so a kernel agrees with onnxruntime even on
-  the NaNs a model with degenerate weights produces.
+  the NaNs a model with degenerate weights produces. `clip` (HardSigmoid's) and `sign` likewise.
 - `take(shape_to_tensor(shape), k)`: the ONNX frontend reads a dimension this way for the
   negative-index fix-up of GatherElements; when that dimension is static we fold it to a scalar
   (otherwise it becomes a tiny run-time computation on a lifted constant).
@@ -66,7 +66,43 @@ def _legalize_relu(bb: relax.BlockBuilder, call):
     return bb.call_te(relu_keeping_nan, call.args[0], primfunc_name_hint="relu")
 
 
-CUSTOM_LEGALIZE = {"relax.reshape": _legalize_reshape, "relax.nn.relu": _legalize_relu}
+def clip_keeping_nan(data: te.Tensor, low, high) -> te.Tensor:
+    """Comparisons instead of TVM's max/min, which turn NaN into a bound (HardSigmoid's clip)."""
+    low, high = tvm.tirx.Cast(data.dtype, low), tvm.tirx.Cast(data.dtype, high)
+
+    def element(*i):
+        x = data(*i)
+        return tvm.tirx.Select(x < low, low, tvm.tirx.Select(x > high, high, x))
+
+    return te.compute(data.shape, element, name="T_clip")
+
+
+def _legalize_clip(bb: relax.BlockBuilder, call):
+    return bb.call_te(clip_keeping_nan, *call.args, primfunc_name_hint="clip")
+
+
+def sign_keeping_nan(data: te.Tensor) -> te.Tensor:
+    """-1, 0 or 1, and NaN for NaN (TVM's sign gives 0)."""
+    zero, one = tvm.tirx.const(0, data.dtype), tvm.tirx.const(1, data.dtype)
+
+    def element(*i):
+        x = data(*i)
+        sign = tvm.tirx.Select(x > zero, one, tvm.tirx.Select(x < zero, zero - one, zero))
+        return tvm.tirx.Select(tvm.tirx.isnan(x), x, sign) if "float" in str(data.dtype) else sign
+
+    return te.compute(data.shape, element, name="T_sign")
+
+
+def _legalize_sign(bb: relax.BlockBuilder, call):
+    return bb.call_te(sign_keeping_nan, call.args[0], primfunc_name_hint="sign")
+
+
+CUSTOM_LEGALIZE = {
+    "relax.reshape": _legalize_reshape,
+    "relax.nn.relu": _legalize_relu,
+    "relax.clip": _legalize_clip,
+    "relax.sign": _legalize_sign,
+}
 
 
 @relax.expr_functor.mutator

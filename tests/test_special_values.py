@@ -1,0 +1,33 @@
+"""Kernels agree with onnxruntime on NaN, ±inf, ±0 and huge values, not only on random normals
+(verification's random inputs never contain them). Found by a sweep of the ONNX node tests.
+
+Not covered: the Clip op itself on NaN. TVM's frontend lowers it to max/min at import, before
+any legalization we could replace, so a NaN becomes the lower bound there."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxfuse.codegen.compile import compile_group
+from onnxfuse.target import resolve_target
+from onnx_builder import model, node
+
+from test_codegen import check_against_ort
+
+SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40, 88.5, -88.5, 1e4, -1e4, 3e38, -3e38,
+                    0.5, -0.5, 2.5], np.float32)
+
+OPS = [
+    ("Relu", {}), ("Sigmoid", {}), ("Tanh", {}), ("Exp", {}), ("Erf", {}), ("Sign", {}), ("Abs", {}),
+    ("HardSigmoid", {"alpha": 0.2, "beta": 0.5}), ("HardSwish", {}), ("Softplus", {}), ("Gelu", {}),
+]
+
+
+@pytest.mark.parametrize("op,attrs", OPS, ids=[op for op, _ in OPS])
+def test_special_values_match_onnxruntime(tmp_path, op, attrs):
+    m = model([node(op, ["x"], "a", **attrs), node("Mul", ["a", "two"], "y")], {"x": ("N", 16)}, {"y": ("N", 16)},
+              {"two": np.array(2.0, np.float32)}, opset=20)
+    cg = compile_group(m, "k", resolve_target("native"), tmp_path)
+    feeds = {"x": np.stack([SPECIAL, SPECIAL[::-1]])}
+    check_against_ort(cg, m, feeds)
