@@ -10,6 +10,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax, te, topi
 
+from .relax_rewrite import rewrite_functions
+
 
 def _fast_sigmoid(x: te.Tensor) -> te.Tensor:
     one = tvm.tirx.const(1.0, x.dtype)
@@ -62,8 +64,4 @@ class FastMath:
     approximations."""
 
     def transform_module(self, mod, ctx):
-        rewriter = _FastMathRewriter(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return rewrite_functions(mod, _FastMathRewriter)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax, te
 
+from .relax_rewrite import rewrite_functions
+
 
 def _flat_index(shape, coords):
     flat = tvm.tirx.const(0, "int64")
@@ -132,8 +134,4 @@ class FoldShapeTake:
     """Folds `take(shape_to_tensor(shape), k)` to the static dimension k."""
 
     def transform_module(self, mod, ctx):
-        folder = _ShapeTakeFolder(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                folder.builder_.update_func(gv, folder.visit_expr(func))
-        return folder.builder_.get()
+        return rewrite_functions(mod, _ShapeTakeFolder)

@@ -18,6 +18,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .relax_rewrite import rewrite_functions
+
 BROADCAST_BINARY_OPS = frozenset(
     f"relax.{name}"
     for name in (
@@ -83,8 +85,4 @@ class ScalarOperands:
     powers by 1, 2 and 3 to multiplies, in every Relax function."""
 
     def transform_module(self, mod, ctx):
-        rewriter = _ScalarOperandRewriter(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return rewrite_functions(mod, _ScalarOperandRewriter)
