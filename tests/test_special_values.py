@@ -1,8 +1,6 @@
 """Kernels agree with onnxruntime on NaN, ±inf, ±0 and huge values, not only on random normals
 (verification's random inputs never contain them). Found by a sweep of the ONNX node tests.
-
-Not covered: the Clip op itself on NaN. TVM's frontend lowers it to max/min at import, before
-any legalization we could replace, so a NaN becomes the lower bound there."""
+Clip, Max and Min on the same values: test_nan_propagation.py."""
 
 from __future__ import annotations
 
@@ -31,3 +29,4 @@ def test_special_values_match_onnxruntime(tmp_path, op, attrs):
     cg = compile_group(m, "k", resolve_target("native"), tmp_path)
     feeds = {"x": np.stack([SPECIAL, SPECIAL[::-1]])}
     check_against_ort(cg, m, feeds)
+

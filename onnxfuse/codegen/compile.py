@@ -22,7 +22,7 @@ import tvm
 from ..errors import CompileError
 from ..kernel_spec import KernelSpec, TensorSpec, small_variant_name
 from ..target import Target
-from . import bounds, param_alignment, register_file, relax_import, schedule
+from . import bounds, nan_propagation, param_alignment, register_file, relax_import, schedule
 from .register_file import AVX512, RegisterFile
 from .relax_import import _short
 
@@ -182,9 +182,10 @@ def compile_group(
 def _schedule_or_plain(func, registers: RegisterFile, allow_parallel: bool = True,
                        max_duplication: int = schedule.DEFAULT_MAX_DUPLICATION, small_batch: bool = False):
     """The tuned schedule, or (if TVM rejects it as a whole) the unscheduled function; either
-    way with parameters at element alignment (param_alignment)."""
+    way with parameters at element alignment (param_alignment) and max/min propagating NaN
+    (nan_propagation)."""
     try:
         scheduled, stats = schedule.schedule_group(func, allow_parallel, max_duplication, small_batch, registers)
     except Exception as exc:  # a last-resort fallback: a valid kernel beats no kernel
         scheduled, stats = func, schedule.ScheduleStats(skipped_steps=[f"whole schedule: {_short(exc)}"])
-    return param_alignment.element_aligned(scheduled), stats
+    return param_alignment.element_aligned(nan_propagation.propagate_nan(scheduled)), stats

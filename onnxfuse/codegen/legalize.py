@@ -8,6 +8,10 @@
 - `relu`: TVM lowers it to `max(x, 0)`, which turns NaN into 0; onnxruntime (and numpy) keep
   NaN. `x < 0 ? 0 : x` keeps it at the same cost, so a kernel agrees with onnxruntime even on
   the NaNs a model with degenerate weights produces. `clip` (HardSigmoid's) and `sign` likewise.
+- `max(stack([a, b, ...]), axis=0)`: the ONNX frontend imports the variadic Max and Min ops
+  (whenever shapes are static) as a reduction over their stacked inputs. We import them as
+  `maximum(maximum(a, b), ...)`: elementwise ops, so their max can propagate NaN
+  (nan_propagation keeps a reduction's own max plain) and the schedule sees no stack.
 - `take(shape_to_tensor(shape), k)`: the ONNX frontend reads a dimension this way for the
   negative-index fix-up of GatherElements; when that dimension is static we fold it to a scalar
   (otherwise it becomes a tiny run-time computation on a lifted constant).
@@ -127,6 +131,39 @@ class _ShapeTakeFolder(relax.PyExprMutator):
         if not isinstance(getattr(dim, "value", None), int):
             return call
         return relax.const(int(dim.value), str(call.ty.dtype))
+
+
+_PAIRWISE = {"relax.max": relax.op.maximum, "relax.min": relax.op.minimum}
+
+
+@relax.expr_functor.mutator
+class _StackReductionUnfolder(relax.PyExprMutator):
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        pairwise = _PAIRWISE.get(getattr(call.op, "name", None))
+        stacked = call.args[0] if pairwise is not None else None
+        if not isinstance(stacked, relax.Var) or call.attrs.keepdims or [int(a) for a in (call.attrs.axis or [])] != [0]:
+            return call
+        binding = self.lookup_binding(stacked)
+        if getattr(getattr(binding, "op", None), "name", None) != "relax.stack" or int(binding.attrs.axis) != 0:
+            return call
+        parts = binding.args[0]
+        if isinstance(parts, relax.Var):
+            parts = self.lookup_binding(parts)
+        if not isinstance(parts, relax.Tuple) or len(parts.fields) < 2:
+            return call
+        result = parts.fields[0]
+        for part in parts.fields[1:]:
+            result = self.builder_.normalize(pairwise(result, part))
+        return result
+
+
+@tvm.transform.module_pass(opt_level=0, name="OnnxfuseUnfoldStackReductions")
+class UnfoldStackReductions:
+    """Rewrites `max(stack(xs), axis=0)` (and min) as a chain of elementwise maximum (minimum)."""
+
+    def transform_module(self, mod, ctx):
+        return rewrite_functions(mod, _StackReductionUnfolder)
 
 
 @tvm.transform.module_pass(opt_level=0, name="OnnxfuseFoldShapeTake")

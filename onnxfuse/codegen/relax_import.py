@@ -31,7 +31,7 @@ from tvm.relax.frontend.onnx import from_onnx
 from ..errors import CompileError
 from ..kernel_spec import DerivedDim, Dim
 from .fast_math import FastMath
-from .legalize import CUSTOM_LEGALIZE, FoldShapeTake
+from .legalize import CUSTOM_LEGALIZE, FoldShapeTake, UnfoldStackReductions
 from .scalar_operands import ScalarOperands
 
 FUSED_NAME = "fused_group"
@@ -150,6 +150,7 @@ def _simplify_and_legalize(mod: tvm.IRModule, fast_math: bool) -> tvm.IRModule:
     # CSE before folding: the frontend emits shape_to_tensor(shape_of(x)) once per Gather.
     passes = [
         relax.transform.CanonicalizeBindings(),
+        UnfoldStackReductions(),
         relax.transform.EliminateCommonSubexpr(),
         relax.transform.CanonicalizeBindings(),
         relax.transform.FoldConstant(),

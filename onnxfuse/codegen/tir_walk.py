@@ -35,6 +35,16 @@ def iter_loads(expr) -> Iterator[TensorLoad]:
         stack.extend(_children(node))
 
 
+def expr_size(expr) -> int:
+    """Nodes in `expr`'s tree (a shared subexpression counts once per use)."""
+    size, stack = 0, [expr]
+    while stack:
+        node = stack.pop()
+        size += 1
+        stack.extend(_children(node))
+    return size
+
+
 def contains_load(expr) -> bool:
     return next(iter_loads(expr), None) is not None
 
