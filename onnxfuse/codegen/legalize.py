@@ -8,6 +8,8 @@
 - `relu`: TVM lowers it to `max(x, 0)`, which turns NaN into 0; onnxruntime (and numpy) keep
   NaN. `x < 0 ? 0 : x` keeps it at the same cost, so a kernel agrees with onnxruntime even on
   the NaNs a model with degenerate weights produces. `clip` (HardSigmoid's) and `sign` likewise.
+- `cosh`, `sinh`: TVM 0.27 has no LLVM lowering for them ("unknown intrinsic tirx.cosh"), so
+  every group with one fell back. We write them with exp, accurate near 0 and up to overflow.
 - `max(stack([a, b, ...]), axis=0)`: the ONNX frontend imports the variadic Max and Min ops
   (whenever shapes are static) as a reduction over their stacked inputs. We import them as
   `maximum(maximum(a, b), ...)`: elementwise ops, so their max can propagate NaN
@@ -103,11 +105,56 @@ def _legalize_sign(bb: relax.BlockBuilder, call):
     return bb.call_te(sign_keeping_nan, call.args[0], primfunc_name_hint="sign")
 
 
+def _exp_halves(x, dtype):
+    """(e^|x| / 2, e^-|x| / 2) from one exp of |x|/2, so e^|x| / 2 overflows only where it
+    exceeds the largest float (cosh and sinh stay finite up to |x| ~ 89.4, e^|x| to 88.7)."""
+    half = tvm.tirx.const(0.5, dtype)
+    h = tvm.tirx.exp(tvm.tirx.abs(x) * half)
+    return (h * half) * h, half / (h * h)
+
+
+def cosh_from_exp(data: te.Tensor) -> te.Tensor:
+    def element(*i):
+        grow, decay = _exp_halves(data(*i), data.dtype)
+        return grow + decay
+
+    return te.compute(data.shape, element, name="T_cosh")
+
+
+def sinh_from_exp(data: te.Tensor) -> te.Tensor:
+    """Odd Taylor terms to x^9 below |x| = 0.5 (relative error < 1e-10), where the difference
+    of exponentials would cancel; e^x/2 - e^-x/2 above, with x's sign."""
+    zero, small = tvm.tirx.const(0, data.dtype), tvm.tirx.const(0.5, data.dtype)
+
+    def element(*i):
+        x = data(*i)
+        x2 = x * x
+        series = tvm.tirx.const(1, data.dtype)
+        for denominator in (72, 42, 20, 6):  # 1 + x²/6 (1 + x²/20 (1 + x²/42 (1 + x²/72)))
+            series = tvm.tirx.const(1, data.dtype) + x2 * tvm.tirx.const(1 / denominator, data.dtype) * series
+        grow, decay = _exp_halves(x, data.dtype)
+        magnitude = grow - decay
+        large = tvm.tirx.Select(x < zero, zero - magnitude, magnitude)
+        return tvm.tirx.Select(tvm.tirx.abs(x) < small, x * series, large)
+
+    return te.compute(data.shape, element, name="T_sinh")
+
+
+def _legalize_cosh(bb: relax.BlockBuilder, call):
+    return bb.call_te(cosh_from_exp, call.args[0], primfunc_name_hint="cosh")
+
+
+def _legalize_sinh(bb: relax.BlockBuilder, call):
+    return bb.call_te(sinh_from_exp, call.args[0], primfunc_name_hint="sinh")
+
+
 CUSTOM_LEGALIZE = {
     "relax.reshape": _legalize_reshape,
     "relax.nn.relu": _legalize_relu,
     "relax.clip": _legalize_clip,
     "relax.sign": _legalize_sign,
+    "relax.cosh": _legalize_cosh,
+    "relax.sinh": _legalize_sinh,
 }
 
 
