@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import OnnxfuseError
+from .errors import OnnxfuseError, without_source_location
 
 BASELINE = "onnxruntime"
 FUSED = "onnxfuse"
@@ -652,7 +652,7 @@ def _fmt_ms(ms: float) -> str:
 def _short_reason(exc: BaseException) -> str:
     """The last non-empty line: TVM puts its message after a long traceback."""
     lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-    return (lines[-1] if lines else type(exc).__name__)[:200]
+    return without_source_location(lines[-1] if lines else type(exc).__name__)[:200]
 
 
 if __name__ == "__main__":

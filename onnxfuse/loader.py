@@ -13,7 +13,7 @@ from pathlib import Path
 import onnx
 from onnx import external_data_helper, helper
 
-from .errors import ModelLoadError
+from .errors import ModelLoadError, first_line
 from .ir import Dim, Graph, Node, Value
 
 
@@ -32,7 +32,7 @@ def load_model(source: str | os.PathLike | onnx.ModelProto) -> Graph:
         try:
             external_data_helper.load_external_data_for_model(model, str(path.parent))
         except Exception as exc:
-            raise ModelLoadError(f"{path}: cannot read its external data ({_first_line(exc)})") from None
+            raise ModelLoadError(f"{path}: cannot read its external data ({first_line(exc)})") from None
     return build_graph(model, inferred)
 
 
@@ -42,7 +42,7 @@ def _read_without_external_data(path: Path) -> onnx.ModelProto:
     try:
         return onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf's DecodeError and friends
-        raise ModelLoadError(f"{path}: not a readable ONNX model ({_first_line(exc)})") from None
+        raise ModelLoadError(f"{path}: not a readable ONNX model ({first_line(exc)})") from None
 
 
 def _has_external_data(model: onnx.ModelProto) -> bool:
@@ -206,8 +206,3 @@ def _captured_names(subgraphs: list[onnx.GraphProto]) -> set[str]:
             captured |= _captured_names(_subgraphs(n)) - defined
         captured |= {o.name for o in sub.output if o.name not in defined}
     return captured
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:200]

@@ -22,11 +22,12 @@ import numpy as np
 import onnx
 
 from .cache import KernelCache, default_cache_dir, group_key, kernel_name
-from .errors import CompileError, UsageError
+from .errors import CompileError, UsageError, first_line
 from .extract import extract_group
 from .fusion.partition import FusionOptions
 from .fusion.plan import FusedGroup, FusionPlan, plan_fusion
 from .kernel_spec import DerivedDim, KernelSpec
+from .ir_support import require_loadable_ir_version
 from .loader import load_model
 from .ops import uncompetitive_ops
 from .package import GroupKernel, package_model
@@ -136,6 +137,7 @@ def optimize(
     model_path = Path(model)
     out_path = Path(output) if output else default_output(model_path)
     graph = load_model(model_path)
+    require_loadable_ir_version(graph.model, model_path)
     options = FusionOptions(max_depth=max_depth, max_inputs=max_inputs, max_duplication=max_duplication)
     plan = plan_fusion(graph, options)
     cache = KernelCache(default_cache_dir() if cache_dir is True else (Path(cache_dir) if cache_dir else None))
@@ -264,7 +266,7 @@ def _check_whole_model(graph, by_name: dict[str, GroupOutcome], gains: dict[str,
     try:
         steps = choose_kept(gains, time_model)
     except Exception as exc:  # e.g. onnxruntime rejects random inputs for the whole model
-        return {"skipped": f"the whole model could not be timed: {_first_line(exc)}"}
+        return {"skipped": f"the whole model could not be timed: {first_line(exc)}"}
     for step in steps:
         progress.note(whole_model_step_line(step.to_json()))
     for name, step in dropped_at(steps).items():
@@ -359,7 +361,7 @@ def verify_kernel(compiled, group_model: onnx.ModelProto) -> dict:
         session = ort.InferenceSession(group_model.SerializeToString(), quiet_session_options(),
                                        providers=["CPUExecutionProvider"])
     except Exception as exc:
-        raise CompileError(f"verify: onnxruntime cannot run this group as a reference ({_first_line(exc)})") from None
+        raise CompileError(f"verify: onnxruntime cannot run this group as a reference ({first_line(exc)})") from None
     worst = 0.0
     sizes = [(1, 0), (3, 1)]
     if compiled.spec.small_batch_below:  # 1 and 3 run the small-batch variant: a full tile and a tail too
@@ -369,7 +371,7 @@ def verify_kernel(compiled, group_model: onnx.ModelProto) -> dict:
         try:
             expected = session.run(None, feeds)
         except Exception as exc:
-            return {"checked": False, "why": f"reference rejects random inputs: {str(exc).splitlines()[0][:120]}"}
+            return {"checked": False, "why": f"reference rejects random inputs: {first_line(exc, 120)}"}
         actual = compiled.run(feeds)
         for meta, e, a in zip(session.get_outputs(), expected, actual):
             cmp = compare_arrays(meta.name, np.asarray(e), np.asarray(a), GROUP_RTOL, GROUP_ATOL)
@@ -386,10 +388,6 @@ def _whole_multiples(spec: KernelSpec, dim: int) -> dict[str, int]:
     for d in (d for t in spec.outputs for d in t.shape if isinstance(d, DerivedDim) and d.divisor > 1):
         divisors[d.symbol] = math.lcm(divisors.get(d.symbol, 1), d.divisor)
     return {symbol: dim * divisor for symbol, divisor in divisors.items()}
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
 def _jsonable(stats: dict) -> dict:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ModelLoadError, OnnxfuseError
+from .errors import ModelLoadError, OnnxfuseError, first_line
 from .feeds import random_feeds_for_session
 
 
@@ -84,11 +84,11 @@ def verify_models(
     try:
         reference = ort.InferenceSession(str(original), quiet_session_options(), providers=["CPUExecutionProvider"])
     except Exception as exc:
-        raise ModelLoadError(f"{original}: onnxruntime cannot load it ({str(exc).splitlines()[0][:200]})") from None
+        raise ModelLoadError(f"{original}: onnxruntime cannot load it ({first_line(exc)})") from None
     try:
         candidate = InferenceSession(str(fused), quiet_session_options(), providers=["CPUExecutionProvider"])
     except Exception as exc:
-        raise ModelLoadError(f"{fused}: onnxruntime cannot load it ({str(exc).splitlines()[0][:200]})") from None
+        raise ModelLoadError(f"{fused}: onnxruntime cannot load it ({first_line(exc)})") from None
 
     feed_sets = [dict(np.load(inputs))] if inputs else [
         random_feeds_for_session(reference, dims, default_dim=d, seed=k)
@@ -100,7 +100,7 @@ def verify_models(
             expected = reference.run(None, feeds)
         except Exception as exc:
             raise OnnxfuseError(
-                f"the original model fails on these inputs ({str(exc).splitlines()[0][:160]}); pass --inputs FILE.npz"
+                f"the original model fails on these inputs ({first_line(exc, 160)}); pass --inputs FILE.npz"
             ) from None
         actual = candidate.run(None, feeds)
         for meta, e, a in zip(reference.get_outputs(), expected, actual):

@@ -215,6 +215,21 @@ def test_cli_optimize_bad_input_exits_2(tmp_path):
     assert not (tmp_path / "o.onnx").exists()
 
 
+def test_cli_optimize_ir_version_onnxruntime_cannot_load_exits_2(tmp_path):
+    """onnx's make_model stamps its newest IR version; the message says which one to use."""
+    too_new = model([node("Relu", ["x"], "a"), node("Neg", ["a"], "y")], {"x": (2, 3)}, {"y": (2, 3)})
+    too_new.ir_version = 99
+    with pytest.raises(Exception, match="IR version"):
+        ort.InferenceSession(too_new.SerializeToString(), providers=["CPUExecutionProvider"])
+    path = tmp_path / "new.onnx"
+    onnx.save(too_new, str(path))
+    result = CliRunner().invoke(main, ["optimize", str(path), "-o", str(tmp_path / "o.onnx")])
+    assert result.exit_code == 2, result.output
+    assert "IR version 99 is newer than the installed onnxruntime loads (up to " in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "onnxruntime_src" not in result.output
+    assert not (tmp_path / "o.onnx").exists()
+
+
 # -- real models: the ONNX backend test data -------------------------------------------------------
 
 def light_inputs(path: Path) -> dict:
