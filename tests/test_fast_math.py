@@ -57,3 +57,23 @@ def test_non_float32_is_left_alone():
     relax.analysis.post_order_visit(FastMath()(mod)["main"].body,
                                     lambda e: names.append(e.op.name) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
     assert names == ["relax.exp"]
+
+
+def test_fast_exp_is_accurate_over_the_whole_float_range(tmp_path):
+    """Within 2 ulp of exp from -86.98 (below it the result is under 2.4e-38 and may flush to 0) to
+    88.72, the largest finite result; inf above, NaN kept. topi's fast exp gave inf from 88.38."""
+    x = np.linspace(-86.98, 88.72, 200_000).astype(np.float32)
+    specials = np.array([np.nan, np.inf, -np.inf, 88.7228, 88.723, -104.0, 0.0, -0.0], np.float32)
+    m = model([node("Exp", ["x"], "a"), node("Neg", ["a"], "y")], {"x": ("N", x.size)}, {"y": ("N", x.size)}, opset=17)
+    cg = compile_group(m, "k", resolve_target("native"), tmp_path)
+    (got,) = cg.run({"x": x[None]})
+    np.testing.assert_allclose(-got[0], np.exp(x.astype(np.float64)), rtol=2.4e-7, atol=0)
+    m = model([node("Exp", ["x"], "a"), node("Neg", ["a"], "y")], {"x": ("N", 8)}, {"y": ("N", 8)}, opset=17)
+    cg = compile_group(m, "k", resolve_target("native"), tmp_path)
+    (got,) = cg.run({"x": specials[None]})
+    with np.errstate(over="ignore"):
+        expected = np.exp(specials)  # float32: overflows and underflows where a float32 result must
+    expected[5] = 0.0  # exp(-104) = 6.8e-46: below the smallest float32 anyway
+    np.testing.assert_array_equal(-got[0], expected)
+    assert np.isfinite(-got[0][3]) and np.isinf(-got[0][4])
+
