@@ -77,3 +77,14 @@ def test_fast_exp_is_accurate_over_the_whole_float_range(tmp_path):
     np.testing.assert_array_equal(-got[0], expected)
     assert np.isfinite(-got[0][3]) and np.isinf(-got[0][4])
 
+
+@pytest.mark.parametrize("width", [1000, 24])
+def test_softmax_of_rows_the_vector_does_not_divide(tmp_path, width):
+    """Rows of 1,000 take 8-lane vectors, rows of 24 too (schedule._lanes_dividing)."""
+    m = _op_then_scale("Softmax", shape=("N", width), axis=-1)
+    cg = compile_group(m, "k", resolve_target("native"), tmp_path)
+    assert cg.stats["reductions_factored"] == 2
+    for batch in (1, 9):
+        feeds = random_feeds(m, batch, seed=batch)
+        feeds["x"] *= 4
+        check_against_ort(cg, m, feeds)
