@@ -1,5 +1,6 @@
 """nan_propagation and UnfoldStackReductions: Clip, Max and Min keep NaN as onnxruntime does,
-at the cost of the plain max, and variadic Max/Min import as elementwise ops."""
+at the cost of the plain max, and variadic Max/Min import as elementwise ops. Negated float
+comparisons are true on NaN (legalize.NanSafeNegatedComparisons)."""
 
 from __future__ import annotations
 
@@ -139,3 +140,17 @@ def test_variadic_max_imports_without_a_stack():
     tvm_ffi.structural_visit(func, [(s_tir.SBlock, visit_block)])
     assert reductions == []
     assert "stack" not in func.script()
+
+
+@pytest.mark.parametrize("op", ["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_negated_comparisons_are_true_on_nan(tmp_path, op, dtype):
+    """Not(Less(NaN, 1)) is true. TVM's simplifier made it `NaN >= 1` and its LLVM backend
+    emits `!=` as an ordered compare: both false (found by a dtype sweep)."""
+    elem = 1 if dtype == np.float32 else 11
+    m = model([node(op, ["x", "z"], "c"), node("Not", ["c"], "y")], {"x": ("N", 16), "z": ("N", 16)},
+              {"y": ("N", 16)}, dtype=elem, opset=18)
+    m.graph.output[0].type.tensor_type.elem_type = 9  # bool
+    cg = compile_group(m, "k", resolve_target("native"), tmp_path)
+    values = SPECIAL.astype(dtype)
+    check_against_ort(cg, m, {"x": np.stack([values, values[::-1]]), "z": np.stack([values[::-1], np.roll(values, 3)])})

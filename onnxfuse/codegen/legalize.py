@@ -14,6 +14,10 @@
   (whenever shapes are static) as a reduction over their stacked inputs. We import them as
   `maximum(maximum(a, b), ...)`: elementwise ops, so their max can propagate NaN
   (nan_propagation keeps a reduction's own max plain) and the schedule sees no stack.
+- `logical_not(less(a, b))` and the other float comparisons: TVM's simplifier turns `!(a < b)`
+  into `a >= b` and its LLVM backend emits `a != b` as an ordered compare; both are false where
+  a or b is NaN, and the negation is true there (onnxruntime, IEEE). We write the negation as
+  the opposite comparison or'ed with `isnan(a) || isnan(b)`, which no rewrite breaks.
 - `take(shape_to_tensor(shape), k)`: the ONNX frontend reads a dimension this way for the
   negative-index fix-up of GatherElements; when that dimension is static we fold it to a scalar
   (otherwise it becomes a tiny run-time computation on a lifted constant).
@@ -211,6 +215,38 @@ class UnfoldStackReductions:
 
     def transform_module(self, mod, ctx):
         return rewrite_functions(mod, _StackReductionUnfolder)
+
+
+_OPPOSITE = {
+    "relax.less": relax.op.greater_equal, "relax.less_equal": relax.op.greater,
+    "relax.greater": relax.op.less_equal, "relax.greater_equal": relax.op.less,
+    "relax.equal": relax.op.not_equal, "relax.not_equal": relax.op.equal,
+}
+
+
+@relax.expr_functor.mutator
+class _NegatedComparisonRewriter(relax.PyExprMutator):
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if getattr(call.op, "name", None) != "relax.logical_not" or not isinstance(call.args[0], relax.Var):
+            return call
+        comparison = self.lookup_binding(call.args[0])
+        opposite = _OPPOSITE.get(getattr(getattr(comparison, "op", None), "name", None))
+        if opposite is None or "float" not in str(comparison.args[0].ty.dtype):
+            return call
+        a, b = comparison.args
+        if comparison.op.name == "relax.not_equal":  # not(a != b) is a == b, false on NaN either way
+            return self.builder_.normalize(opposite(a, b))
+        either_nan = relax.op.logical_or(relax.op.isnan(a), relax.op.isnan(b))
+        return self.builder_.normalize(relax.op.logical_or(opposite(a, b), either_nan))
+
+
+@tvm.transform.module_pass(opt_level=0, name="OnnxfuseNanSafeNegatedComparisons")
+class NanSafeNegatedComparisons:
+    """Rewrites `not(cmp(a, b))` on floats as `opposite(a, b) or isnan(a) or isnan(b)`."""
+
+    def transform_module(self, mod, ctx):
+        return rewrite_functions(mod, _NegatedComparisonRewriter)
 
 
 @tvm.transform.module_pass(opt_level=0, name="OnnxfuseFoldShapeTake")

@@ -31,7 +31,7 @@ from tvm.relax.frontend.onnx import from_onnx
 from ..errors import CompileError
 from ..kernel_spec import DerivedDim, Dim
 from .fast_math import FastMath
-from .legalize import CUSTOM_LEGALIZE, FoldShapeTake, UnfoldStackReductions
+from .legalize import CUSTOM_LEGALIZE, FoldShapeTake, NanSafeNegatedComparisons, UnfoldStackReductions
 from .scalar_operands import ScalarOperands
 
 FUSED_NAME = "fused_group"
@@ -151,6 +151,7 @@ def _simplify_and_legalize(mod: tvm.IRModule, fast_math: bool) -> tvm.IRModule:
     passes = [
         relax.transform.CanonicalizeBindings(),
         UnfoldStackReductions(),
+        NanSafeNegatedComparisons(),
         relax.transform.EliminateCommonSubexpr(),
         relax.transform.CanonicalizeBindings(),
         relax.transform.FoldConstant(),
