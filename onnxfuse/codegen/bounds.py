@@ -1,4 +1,5 @@
-"""Checks on data-dependent indices (Gather / GatherElements / take with indices from data).
+"""Checks on data-dependent indices (Gather / GatherElements / take with indices from data), and
+on integer divisors from data (see integer_division).
 
 TOPI lowers these gathers in "fast" mode: no bounds handling at all, so a bad index would read
 (or crash on) arbitrary memory. After scheduling we find every buffer load whose index depends
@@ -25,7 +26,7 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir, tirx
 
-from . import tir_walk
+from . import integer_division, tir_walk
 
 ERROR_KIND = "IndexError"
 
@@ -54,22 +55,29 @@ def _index_conditions(block) -> list:
     return conditions
 
 
-def _guarded(block, conditions, what: str):
-    message = [tvm.ir.StringImm(f"index out of range in {what} (a Gather/GatherElements index is outside its axis)")]
-    condition = tirx.all(*conditions) if len(conditions) > 1 else conditions[0]
-    # The Python signature says (kind, condition, ...) but TVM 0.27's FFI constructor takes
-    # (condition, kind, ...) and the wrapper forwards positionally.
-    failed = tirx.AssertStmt(tirx.const(False, "bool"), tvm.ir.StringImm(ERROR_KIND), message)
-    # `if (!ok) assert(false)` rather than `assert(ok)`: inside a vectorized loop TVM's vectorizer
-    # turns an assert's condition into a vector of bools, which LLVM rejects as a branch
-    # condition; an `if` on a vector condition is scalarized lane by lane instead.
-    check = tirx.IfThenElse(tirx.Not(condition), failed, None)
+def _index_message(what: str) -> str:
+    return f"index out of range in {what} (a Gather/GatherElements index is outside its axis)"
+
+
+def guarded_block(block, checks: list[tuple[list, str]], body=None):
+    """`block` (with `body` instead of its own, if given) behind checks, each (conditions, the
+    message the kernel fails with when one of them is false)."""
+    guards = []
+    for conditions, text in checks:
+        condition = tirx.all(*conditions) if len(conditions) > 1 else conditions[0]
+        # The Python signature says (kind, condition, ...) but TVM 0.27's FFI constructor takes
+        # (condition, kind, ...) and the wrapper forwards positionally.
+        failed = tirx.AssertStmt(tirx.const(False, "bool"), tvm.ir.StringImm(ERROR_KIND), [tvm.ir.StringImm(text)])
+        # `if (!ok) assert(false)` rather than `assert(ok)`: inside a vectorized loop TVM's
+        # vectorizer turns an assert's condition into a vector of bools, which LLVM rejects as a
+        # branch condition; an `if` on a vector condition is scalarized lane by lane instead.
+        guards.append(tirx.IfThenElse(tirx.Not(condition), failed, None))
     return s_tir.SBlock(
         block.iter_vars,
         block.reads,
         block.writes,
         block.name_hint,
-        tirx.SeqStmt([check, block.body]),
+        tirx.SeqStmt([*guards, block.body if body is None else body]),
         block.init,
         block.alloc_buffers,
         block.match_buffers,
@@ -78,17 +86,24 @@ def _guarded(block, conditions, what: str):
 
 
 def add_index_checks(func, what: str = "kernel"):
-    """Returns (func with asserts before every data-dependent load, number of guarded blocks)."""
+    """Returns (func with asserts before every data-dependent load and every integer division
+    by a divisor from data (integer_division), number of guarded blocks)."""
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     guarded = 0
     for block_rv in tir_walk.leaf_blocks(sch):
         block = sch.get(block_rv)
         if not hasattr(block.body, "value"):
             continue
-        conditions = _index_conditions(block)
-        if not conditions:
+        checks = []
+        index_conditions = _index_conditions(block)
+        if index_conditions:
+            checks.append((index_conditions, _index_message(what)))
+        zero_conditions = integer_division.zero_divisor_conditions(block)
+        if zero_conditions:
+            checks.append((zero_conditions, f"integer division by zero in {what}"))
+        if not checks:
             continue
-        new_block = _guarded(block, conditions, what)
+        new_block = guarded_block(block, checks, integer_division.trap_free_body(block))
         sch.state.replace(sch.get_sref(block_rv), new_block, {block: new_block})
         guarded += 1
     return sch.mod["main"], guarded
