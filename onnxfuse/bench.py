@@ -8,9 +8,10 @@ Contenders (each gets the same random, seeded inputs per batch size):
   extras       further ORT models the caller names (e.g. the same forest as a TreeEnsemble)
 
 Why the measurement is shaped this way:
-- Both TVM's and onnxruntime's pool threads spin after a call, and caches stay warm for whoever
-  runs next: timing one contender after the other biases the result, so contenders are timed
-  in alternating rounds and we report the median (p10/p90 for spread) of the rounds.
+- Sessions run with onnxruntime's default settings (pool threads spin, as in a serving process).
+  Contenders are timed in alternating rounds and we report the median (p10/p90 for spread) of
+  the rounds; each round starts once the previous contender's pool threads (onnxruntime's or
+  TVM's) have stopped spinning (idle.py), so no contender runs beside another one's spin.
 - A contender is timed only after its outputs matched the original's: a fast wrong answer is
   not a result. A mismatching contender is refused (reported, never timed).
 - Thread counts are fixed per process (TVM reads TVM_NUM_THREADS once, when its pool starts),
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import idle
 from .errors import OnnxfuseError, without_source_location
 
 BASELINE = "onnxruntime"
@@ -148,18 +150,23 @@ def calls_per_round(once: float, round_seconds: float) -> int:
     return max(1, min(10_000, int(round_seconds / max(once, 1e-7))))
 
 
-def alternating_rounds(calls: Sequence[Callable[[], object]], reps: Sequence[int], rounds: int) -> list[list[float]]:
+def alternating_rounds(calls: Sequence[Callable[[], object]], reps: Sequence[int], rounds: int,
+                       wait_until_idle: Callable[[], object] = idle.wait_until_idle) -> list[list[float]]:
     """Seconds per call of each of `calls`, one sample per round, the calls taking turns.
 
-    Taking turns matters: thread pools spin after a call and caches stay warm for whoever runs
-    next, so timing one contender after the other biases the comparison. The order flips every
-    round (a b, b a, a b, ...), so no contender always runs right after the same other one.
+    Taking turns matters: a slow phase of the machine then slows every contender alike, and
+    caches stay warm for whoever runs next. The order flips every round (a b, b a, a b, ...), so
+    no contender always runs right after the same other one. Each contender's round starts once
+    the previous one's pool threads have stopped spinning (idle.wait_until_idle), so sessions
+    can keep onnxruntime's default spinning without stealing a core from each other.
     """
     samples: list[list[float]] = [[] for _ in calls]
     for r in range(rounds):
         order = range(len(calls)) if r % 2 == 0 else reversed(range(len(calls)))
         for k in order:
             call = calls[k]
+            if len(calls) > 1:
+                wait_until_idle()
             start = time.perf_counter()
             for _ in range(reps[k]):
                 call()
@@ -211,17 +218,14 @@ def has_symbolic_batch(specs: Sequence[InputSpec]) -> bool:
 # -- contenders ---------------------------------------------------------------------------------
 
 def timing_session_options(threads: int):
-    """Options for sessions timed side by side in one process: no spinning pool threads.
-
-    An idle session's pool threads spin after each call; on a machine with as many cores as
-    threads they steal cores from the session being timed next (seen: two runs of the very same
-    graph at 2 threads differing 1.7x). Every contender gets the same setting.
-    """
+    """Options for sessions timed side by side in one process: onnxruntime's defaults (pool
+    threads spin between parallel regions and after a call, as in a serving process) at
+    `threads` intra-op threads. alternating_rounds keeps the spinning of one session out of
+    the next one's round."""
     from .verify import quiet_session_options
 
     options = quiet_session_options()
     options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
 
 

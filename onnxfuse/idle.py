@@ -1,0 +1,68 @@
+"""Waiting until the other threads of this process stop using the CPU.
+
+Why: onnxruntime's pool threads (and TVM's) spin after a call, about 50 ms on this machine with
+onnxruntime's default settings. When contenders take turns in one process, the one that just ran
+keeps a core busy through the next one's round: a 2-thread session then competes with a spinning
+neighbour. Turning spinning off for every session (what the benchmark did before) removes the
+neighbour but also makes every parallel region wake a sleeping thread, which is not how
+onnxruntime runs by default (on this VM it made onnxruntime's own 2-thread LSTM cell 2x slower).
+So sessions keep onnxruntime's defaults, and each round starts once the neighbours are idle.
+
+Linux reports each thread's CPU time in nanoseconds in /proc/self/task/<tid>/schedstat; where
+that is missing, the wait is a fixed pause as long as onnxruntime's spin.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+POLL_SECONDS = 0.002
+IDLE_SHARE = 0.05  # the other threads together used under 5% of one core during a poll
+MAX_WAIT_SECONDS = 0.5
+FALLBACK_PAUSE_SECONDS = 0.06  # without schedstat: longer than onnxruntime's default spin
+
+_TASKS = "/proc/self/task"
+
+
+def other_threads_cpu_ns() -> int | None:
+    """CPU nanoseconds used so far by every thread of this process except the calling one, or
+    None where the kernel does not report it."""
+    me = threading.get_native_id()
+    total = 0
+    try:
+        tids = os.listdir(_TASKS)
+    except OSError:
+        return None
+    for tid in tids:
+        if tid == str(me):
+            continue
+        try:
+            with open(f"{_TASKS}/{tid}/schedstat") as stat:
+                total += int(stat.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended, or reports nothing: it is not spinning
+    return total
+
+
+def wait_until_idle(max_wait: float = MAX_WAIT_SECONDS, clock=time.perf_counter, sleep=time.sleep,
+                    cpu_ns=other_threads_cpu_ns) -> float:
+    """Blocks until the other threads of this process use (almost) no CPU, at most `max_wait`
+    seconds; returns how long it waited."""
+    start = clock()
+    before = cpu_ns()
+    if before is None:
+        sleep(FALLBACK_PAUSE_SECONDS)
+        return clock() - start
+    while clock() - start < max_wait:
+        poll_start = clock()
+        sleep(POLL_SECONDS)
+        after = cpu_ns()
+        if after is None:
+            break
+        busy = (after - before) / 1e9
+        if busy <= IDLE_SHARE * max(clock() - poll_start, POLL_SECONDS):
+            break
+        before = after
+    return clock() - start
