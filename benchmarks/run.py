@@ -251,8 +251,9 @@ def write_results(stem: str, report: dict, tables: list[str], markdown: list[str
     write_text_atomic(RESULTS / f"{stem}.json", json.dumps(report, indent=1, default=str))
     machine = report["machine"]
     head = (f"{machine['cpu']}, {machine['cores']} cores; onnxruntime {machine['onnxruntime']}, "
-            f"TVM {machine.get('tvm', '?')}. Median ms per call over alternating rounds; onnxruntime contenders "
-            f"called through IOBinding (inputs and outputs bound once), except rows marked [session.run]; "
+            f"TVM {machine.get('tvm', '?')}. Median ms per call over alternating rounds, each started once the "
+            f"previous contender's pool threads were idle; onnxruntime sessions with pool spinning off (see "
+            f"onnxfuse/bench.py), called through IOBinding (inputs and outputs bound once), except rows marked [session.run]; "
             f"(N×) = median over rounds of onnxruntime's time / the contender's in the same round; ≈ = one call (too slow for rounds). Took {seconds / 60:.1f} min.")
     failed = [f"- {f['model']}: {f['error']}" for f in failures]
     write_text_atomic(RESULTS / f"{stem}.md", "\n\n".join([head, *markdown, *(["Failed:\n" + "\n".join(failed)] if failed else [])]) + "\n")

@@ -8,10 +8,10 @@ Contenders (each gets the same random, seeded inputs per batch size):
   extras       further ORT models the caller names (e.g. the same forest as a TreeEnsemble)
 
 Why the measurement is shaped this way:
-- Sessions run with onnxruntime's default settings (pool threads spin, as in a serving process).
-  Contenders are timed in alternating rounds and we report the median (p10/p90 for spread) of
-  the rounds; each round starts once the previous contender's pool threads (onnxruntime's or
-  TVM's) have stopped spinning (idle.py), so no contender runs beside another one's spin.
+- Contenders are timed in alternating rounds and we report the median (p10/p90 for spread) of
+  the rounds; each round starts once the previous contender's pool threads (TVM's spin after a
+  call) have gone idle (idle.py), so no contender runs beside another one's spin. onnxruntime
+  sessions run with spinning off (timing_session_options says why).
 - A contender is timed only after its outputs matched the original's: a fast wrong answer is
   not a result. A mismatching contender is refused (reported, never timed).
 - Thread counts are fixed per process (TVM reads TVM_NUM_THREADS once, when its pool starts),
@@ -218,14 +218,22 @@ def has_symbolic_batch(specs: Sequence[InputSpec]) -> bool:
 # -- contenders ---------------------------------------------------------------------------------
 
 def timing_session_options(threads: int):
-    """Options for sessions timed side by side in one process: onnxruntime's defaults (pool
-    threads spin between parallel regions and after a call, as in a serving process) at
-    `threads` intra-op threads. alternating_rounds keeps the spinning of one session out of
-    the next one's round."""
+    """Options for sessions timed side by side in one process: `threads` intra-op threads whose
+    pool does not spin.
+
+    Measured on this 2-vCPU VM, two sessions of the very same graph at 2 threads: with spinning
+    off their round-by-round ratio stays within 0.98-1.07x; with onnxruntime's default spinning
+    it ranged 0.6-1.2x (a spinning thread competes with the host's scheduling of the second
+    vCPU), too coarse to decide which kernel to keep. The price: every parallel region then wakes
+    a sleeping thread, which costs onnxruntime's multi-node graphs more than one fused kernel, so
+    2-thread speedups here overstate what a spinning pool would show. Every contender gets the
+    same setting, and alternating_rounds still waits out other pools' spin (TVM's spins anyway).
+    """
     from .verify import quiet_session_options
 
     options = quiet_session_options()
     options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
 
 

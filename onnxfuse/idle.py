@@ -1,12 +1,9 @@
 """Waiting until the other threads of this process stop using the CPU.
 
-Why: onnxruntime's pool threads (and TVM's) spin after a call, about 50 ms on this machine with
-onnxruntime's default settings. When contenders take turns in one process, the one that just ran
-keeps a core busy through the next one's round: a 2-thread session then competes with a spinning
-neighbour. Turning spinning off for every session (what the benchmark did before) removes the
-neighbour but also makes every parallel region wake a sleeping thread, which is not how
-onnxruntime runs by default (on this VM it made onnxruntime's own 2-thread LSTM cell 2x slower).
-So sessions keep onnxruntime's defaults, and each round starts once the neighbours are idle.
+Why: TVM's pool threads, and onnxruntime's unless a session turns spinning off, spin after a
+call (onnxruntime's about 50 ms on this machine). When contenders take turns in one process, the
+one that just ran then keeps a core busy through the next one's round, and a 2-thread contender
+competes with a spinning neighbour. So each round starts once the neighbours are idle.
 
 Linux reports each thread's CPU time in nanoseconds in /proc/self/task/<tid>/schedstat; where
 that is missing, the wait is a fixed pause as long as onnxruntime's spin.

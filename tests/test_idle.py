@@ -94,3 +94,4 @@ def test_rounds_wait_before_each_contender_only_when_several_take_turns():
     log.clear()
     alternating_rounds(calls[:1], [3], 2, wait_until_idle=lambda: log.append("wait"))
     assert log == ["a"] * 6
+
