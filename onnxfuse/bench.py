@@ -157,8 +157,8 @@ def alternating_rounds(calls: Sequence[Callable[[], object]], reps: Sequence[int
     Taking turns matters: a slow phase of the machine then slows every contender alike, and
     caches stay warm for whoever runs next. The order flips every round (a b, b a, a b, ...), so
     no contender always runs right after the same other one. Each contender's round starts once
-    the previous one's pool threads have stopped spinning (idle.wait_until_idle), so sessions
-    can keep onnxruntime's default spinning without stealing a core from each other.
+    the previous one's pool threads have stopped spinning (idle.wait_until_idle): TVM's pool
+    spins after every call, and a spinning neighbour would take a core from the next round.
     """
     samples: list[list[float]] = [[] for _ in calls]
     for r in range(rounds):

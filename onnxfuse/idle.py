@@ -26,14 +26,14 @@ _TASKS = "/proc/self/task"
 def other_threads_cpu_ns() -> int | None:
     """CPU nanoseconds used so far by every thread of this process except the calling one, or
     None where the kernel does not report it."""
-    me = threading.get_native_id()
+    me = str(threading.get_native_id())
     total = 0
     try:
         tids = os.listdir(_TASKS)
     except OSError:
         return None
     for tid in tids:
-        if tid == str(me):
+        if tid == me:
             continue
         try:
             with open(f"{_TASKS}/{tid}/schedstat") as stat:
