@@ -382,3 +382,21 @@ def test_dropout_in_training_mode_stays_unfused():
     inference = model([node("Dropout", ["x", "ratio", "training"], "d"), node("Neg", ["d"], "y")], X, {"y": (4, 8)},
                       {"ratio": np.array(0.5, np.float32), "training": np.array(False)})
     assert groups(inference) == [{"d", "y"}]
+
+
+def test_nodes_that_read_only_constants_are_left_to_onnxruntime():
+    """A weight re-laid out in the graph (Transpose + Reshape of an initializer) is a constant:
+    onnxruntime folds it at load; as a kernel it would have no run-time input at all."""
+    m = model(
+        [
+            node("Transpose", ["wp"], "wt", perm=[1, 0, 2]),
+            node("Reshape", ["wt", "shape"], "w"),
+            node("MatMul", ["x", "w"], "mm"),
+            node("Relu", ["mm"], "y"),
+        ],
+        X, {"y": (4, 16)},
+        {"wp": weights(2, 8, 8), "shape": const_i64(8, 16)},
+    )
+    assert groups(m) == [{"mm", "y"}]
+    why = reasons(m)
+    assert "reads only constants" in why["wt"] and "reads only constants" in why["w"]

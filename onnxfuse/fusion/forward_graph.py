@@ -122,8 +122,43 @@ def build_forward_graph(graph: Graph) -> ForwardGraph:
         nodes.append(FusionNode(pos, node, kind, epilogue_kind, reason, exports=exports, keeps_rows=keeps_rows))
     fg = ForwardGraph(nodes, graph)
     _add_edges(fg)
+    _mark_constant_computations(fg)
     _mark_shape_computations(fg)
     return fg
+
+
+def _make_opaque(fg: ForwardGraph, marked: list[bool], reason) -> None:
+    """Marked nodes become opaque (reason(fnode) says why), with every edge into or out of them."""
+    for fnode in fg.nodes:
+        if marked[fnode.pos] and fnode.kind != OpKind.OPAQUE:
+            fnode.kind = fnode.epilogue_kind = OpKind.OPAQUE
+            fnode.opaque_reason = reason(fnode)
+    for fnode in fg.nodes:
+        for edge in fnode.outputs:
+            if marked[fnode.pos] or marked[edge.dst]:
+                edge.pattern = edge.epilogue = OpKind.OPAQUE
+
+
+def _mark_constant_computations(fg: ForwardGraph) -> None:
+    """Nodes that read only constants (initializers, or results of such nodes) compute constants.
+
+    onnxruntime folds them once when the session loads; a kernel would recompute them on every
+    call, and a group of them has no run-time input at all for TVM to build a function over."""
+    graph = fg.graph
+    constant_values: set[str] = set()
+    marked = [False] * len(fg.nodes)
+    for fnode in fg.nodes:
+        node = fnode.node
+        reads = graph.data_inputs(node)
+        if reads and all(v in constant_values or _is_initializer(graph, v) for v in reads):
+            marked[fnode.pos] = True
+            constant_values.update(o for o in node.outputs if o)
+    _make_opaque(fg, marked, lambda fnode: "it reads only constants; onnxruntime folds it when the session loads")
+
+
+def _is_initializer(graph: Graph, name: str) -> bool:
+    value = graph.values.get(name)
+    return value is not None and value.is_constant
 
 
 def _mark_shape_computations(fg: ForwardGraph) -> None:
@@ -138,18 +173,8 @@ def _mark_shape_computations(fg: ForwardGraph) -> None:
             continue
         if all(shape_only[e.dst] or _feeds_static(fg, fnode, e.dst) for e in fnode.outputs):
             shape_only[fnode.pos] = True
-            if fnode.kind != OpKind.OPAQUE:
-                first = fg.nodes[fnode.outputs[0].dst].node
-                fnode.kind = fnode.epilogue_kind = OpKind.OPAQUE
-                fnode.opaque_reason = f"it computes a shape (for {first.label}); onnxruntime does that"
-    for fnode in fg.nodes:
-        if shape_only[fnode.pos]:
-            for edge in fnode.outputs:
-                edge.pattern = edge.epilogue = OpKind.OPAQUE
-    for fnode in fg.nodes:  # edges into the newly opaque nodes are opaque too
-        for edge in fnode.outputs:
-            if shape_only[edge.dst]:
-                edge.pattern = edge.epilogue = OpKind.OPAQUE
+    _make_opaque(fg, shape_only, lambda fnode: (
+        f"it computes a shape (for {fg.nodes[fnode.outputs[0].dst].node.label}); onnxruntime does that"))
 
 
 def _feeds_static(fg: ForwardGraph, producer: FusionNode, consumer_pos: int) -> bool:
