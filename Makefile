@@ -40,9 +40,12 @@ clean:
 	rm -rf out build *.egg-info .pytest_cache
 
 # Benchmarks (benchmarks/run.py): tables on stdout, JSON + markdown in benchmarks/results/.
-.PHONY: bench-trees
+.PHONY: bench-trees bench-cells
 bench: install
 	$(BIN)/python benchmarks/run.py models
 
 bench-trees: install
 	$(BIN)/python benchmarks/run.py trees
+
+bench-cells: install
+	$(BIN)/python benchmarks/run.py cells

@@ -2,6 +2,7 @@
 
     python benchmarks/run.py models   # models/ + the onnx wheel's light models + the 100-tree forest
     python benchmarks/run.py trees    # the 100-tree forest three ways; compile time against depth
+    python benchmarks/run.py cells    # how far a fused recurrent cell can go: its MatMuls alone timed too
 
 Results go to benchmarks/results/ (JSON + a markdown table). Kernels are cached in
 .cache/bench-kernels, so a rerun compiles only what changed; generated models and fused outputs
@@ -16,6 +17,7 @@ import functools
 import importlib.util
 import json
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,6 +36,7 @@ from onnxfuse.bench import (  # noqa: E402
     format_cell,
     format_compile_table,
     format_table,
+    machine_info,
     measure_groups,
     render_table,
     report_json,
@@ -246,12 +249,13 @@ def compile_table(rows: list[dict], markdown: bool = False) -> str:
     return render_table(header, out, markdown)
 
 
-def write_results(stem: str, report: dict, tables: list[str], markdown: list[str], seconds: float, failures) -> None:
+def write_results(stem: str, report: dict, tables: list[str], markdown: list[str], seconds: float, failures,
+                  unit: str = "ms") -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     write_text_atomic(RESULTS / f"{stem}.json", json.dumps(report, indent=1, default=str))
     machine = report["machine"]
     head = (f"{machine['cpu']}, {machine['cores']} cores; onnxruntime {machine['onnxruntime']}, "
-            f"TVM {machine.get('tvm', '?')}. Median ms per call over alternating rounds, each started once the "
+            f"TVM {machine.get('tvm', '?')}. Median {unit} per call over alternating rounds, each started once the "
             f"previous contender's pool threads were idle; onnxruntime sessions with pool spinning off (see "
             f"onnxfuse/bench.py), called through IOBinding (inputs and outputs bound once), except rows marked [session.run]; "
             f"(N×) = median over rounds of onnxruntime's time / the contender's in the same round; ≈ = one call (too slow for rounds). Took {seconds / 60:.1f} min.")
@@ -266,11 +270,82 @@ def write_results(stem: str, report: dict, tables: list[str], markdown: list[str
     print(f"\nwrote {RESULTS / (stem + '.json')} and {RESULTS / (stem + '.md')}")
 
 
+CELL_CEILING_BATCHES = (1, 64, 1000)
+CELL_CEILING_ROUNDS = 21
+
+
+def run_cells() -> dict:
+    """Per cell and batch, 1 thread, in alternating rounds: onnxruntime on the cell, onnxruntime
+    on the cell's MatMuls alone (roofline.gemm_only_model) and onnxfuse's fused cell.
+
+    The MatMuls alone are a measured ceiling: a kernel with GEMMs as fast as onnxruntime's and the
+    gate math for free would still take that long, so cell / MatMuls bounds its speedup; the GEMM
+    peak gives the other ceiling (roofline.ratio_bound)."""
+    from onnxfuse.bench import alternating_rounds, calls_per_round, check_outputs, model_inputs, ort_contender, random_inputs
+    from onnxfuse.optimize import optimize
+    from onnxfuse.roofline import call_floor_us, gemm_only_model, gemm_peak_gflops, multiply_add_flops, ratio_bound
+
+    started = time.perf_counter()
+    work = WORK / "cells"
+    work.mkdir(parents=True, exist_ok=True)
+    peak, call_us = gemm_peak_gflops(1), call_floor_us(1)
+    rows = []
+    for cell in CELLS:
+        path = MODELS / f"{cell}.onnx"
+        fused = work / f"{cell}.fused.onnx"
+        optimize(path, fused, cache_dir=str(KERNELS), select="all")
+        gemms = work / f"{cell}.matmuls.onnx"
+        original = onnx.load(str(path))
+        onnx.save_model(gemm_only_model(original), str(gemms))
+        for batch in CELL_CEILING_BATCHES:
+            log(f"{cell}: batch {batch}")
+            feeds = random_inputs(model_inputs(path), batch)
+            contenders = [ort_contender(name, p, feeds, 1) for name, p in
+                          (("onnxruntime", path), ("MatMuls only", gemms), ("onnxfuse", fused))]
+            reference = contenders[0].outputs(contenders[0].call())
+            mismatch = check_outputs(reference, contenders[2].outputs(contenders[2].call()))
+            if mismatch:
+                raise OnnxfuseError(f"{cell}: fused output differs: {mismatch}")
+            once = []
+            for c in contenders:
+                start = time.perf_counter()
+                c.call()
+                once.append(time.perf_counter() - start)
+            samples = alternating_rounds([c.call for c in contenders], [calls_per_round(t, 0.02) for t in once],
+                                         CELL_CEILING_ROUNDS)
+            us = [statistics.median(s) * 1e6 for s in samples]
+            paired = [statistics.median(a / b for a, b in zip(samples[0], s)) for s in samples]
+            flops = multiply_add_flops(original, feeds)
+            rows.append({"cell": cell, "batch": batch, "onnxruntime_us": round(us[0], 2), "matmuls_only_us": round(us[1], 2),
+                         "onnxfuse_us": round(us[2], 2), "speedup": round(paired[2], 3),
+                         "ceiling_at_onnxruntime_gemm": round(paired[1], 3),
+                         "ceiling_at_gemm_peak": round(ratio_bound(flops, us[0], peak, call_us), 3), "flops": flops})
+    seconds = time.perf_counter() - started
+    report = {"machine": machine_info(), "gemm_peak_gflops": peak, "call_floor_us": call_us, "rows": rows,
+              "seconds": round(seconds, 1)}
+    note = (f"1 thread. 'MatMuls only': onnxruntime on the cell cut at its MatMul outputs. Ceilings on any fused "
+            f"kernel's speedup: with GEMMs as fast as onnxruntime's and everything else free (cell / MatMuls only, "
+            f"paired by round), and with GEMMs at this machine's peak ({peak} GFLOP/s, onnxruntime's 512³ MatMul) "
+            f"plus an empty call ({call_us} µs).")
+    write_results("cells", report, [cells_table(rows), note], [cells_table(rows, markdown=True), note], seconds, [],
+                  unit="µs")
+    return report
+
+
+def cells_table(rows: list[dict], markdown: bool = False) -> str:
+    header = ["cell", "batch", "onnxruntime µs", "its MatMuls only µs", "onnxfuse µs", "speedup",
+              "ceiling at ort's GEMM", "ceiling at GEMM peak"]
+    out = [[r["cell"], str(r["batch"]), f"{r['onnxruntime_us']:.1f}", f"{r['matmuls_only_us']:.1f}", f"{r['onnxfuse_us']:.1f}",
+            f"{r['speedup']:.2f}×", f"{r['ceiling_at_onnxruntime_gemm']:.2f}×", f"{r['ceiling_at_gemm_peak']:.2f}×"]
+           for r in rows]
+    return render_table(header, out, markdown)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("which", choices=["models", "trees"])
+    parser.add_argument("which", choices=["models", "trees", "cells"])
     args = parser.parse_args(argv)
-    run_models() if args.which == "models" else run_trees()
+    {"models": run_models, "trees": run_trees, "cells": run_cells}[args.which]()
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from onnx_builder import model, node, weights
-from onnxfuse.roofline import bytes_moved, call_floor_us, gemm_peak_gflops, multiply_add_flops, ratio_bound
+from onnxfuse.roofline import (bytes_moved, call_floor_us, gemm_only_model, gemm_peak_gflops, multiply_add_flops,
+                               ratio_bound)
 from onnxfuse.select import Measurement
 
 
@@ -81,3 +82,25 @@ def test_an_empty_call_is_timed_in_microseconds():
 def test_the_gemm_peak_is_a_measured_rate_below_any_x86_cores_limit():
     """A sanity range, not a speed assertion: above 1 GFLOP/s, below 64 FLOP per cycle at 6 GHz."""
     assert 1.0 < gemm_peak_gflops(1, size=128, calls=2) < 64 * 6.0
+
+
+def test_gemm_only_model_keeps_the_matmuls_and_what_feeds_them():
+    """An LSTM-like cell cut at its MatMuls: two outputs, equal to numpy's products; the state
+    input that only the cut-off gate math reads is gone."""
+    import onnxruntime as ort
+
+    w, r = weights(8, 16, seed=1), weights(8, 16, seed=2)
+    m = model(
+        [node("MatMul", ["x", "w"], "xw"), node("MatMul", ["h", "r"], "hr"), node("Add", ["xw", "hr"], "g"),
+         node("Sigmoid", ["g"], "s"), node("Mul", ["s", "c"], "y")],
+        {"x": ("N", 8), "h": ("N", 8), "c": ("N", 16)}, {"y": ("N", 16)}, {"w": w, "r": r},
+    )
+    cut = gemm_only_model(m)
+    assert [o.name for o in cut.graph.output] == ["xw", "hr"]
+    assert sorted(i.name for i in cut.graph.input) == ["h", "x"]
+    rng = np.random.default_rng(0)
+    x, h = rng.standard_normal((3, 8)).astype(np.float32), rng.standard_normal((3, 8)).astype(np.float32)
+    xw, hr = ort.InferenceSession(cut.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x, "h": h})
+    np.testing.assert_allclose(xw, x @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(hr, h @ r, rtol=1e-5, atol=1e-5)
+    assert gemm_only_model(model([node("Relu", ["x"], "y")], {"x": (2, 3)}, {"y": (2, 3)})) is None
