@@ -17,7 +17,6 @@ import functools
 import importlib.util
 import json
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -281,7 +280,9 @@ def run_cells() -> dict:
     The MatMuls alone are a measured ceiling: a kernel with GEMMs as fast as onnxruntime's and the
     gate math for free would still take that long, so cell / MatMuls bounds its speedup; the GEMM
     peak gives the other ceiling (roofline.ratio_bound)."""
-    from onnxfuse.bench import alternating_rounds, calls_per_round, check_outputs, model_inputs, ort_contender, random_inputs
+    from dataclasses import replace
+
+    from onnxfuse.bench import model_inputs, ort_contender, race, random_inputs
     from onnxfuse.optimize import optimize
     from onnxfuse.roofline import call_floor_us, gemm_only_model, gemm_peak_gflops, multiply_add_flops, ratio_bound
 
@@ -300,26 +301,20 @@ def run_cells() -> dict:
         for batch in CELL_CEILING_BATCHES:
             log(f"{cell}: batch {batch}")
             feeds = random_inputs(model_inputs(path), batch)
-            contenders = [ort_contender(name, p, feeds, 1) for name, p in
-                          (("onnxruntime", path), ("MatMuls only", gemms), ("onnxfuse", fused))]
-            reference = contenders[0].outputs(contenders[0].call())
-            mismatch = check_outputs(reference, contenders[2].outputs(contenders[2].call()))
-            if mismatch:
-                raise OnnxfuseError(f"{cell}: fused output differs: {mismatch}")
-            once = []
-            for c in contenders:
-                start = time.perf_counter()
-                c.call()
-                once.append(time.perf_counter() - start)
-            samples = alternating_rounds([c.call for c in contenders], [calls_per_round(t, 0.02) for t in once],
-                                         CELL_CEILING_ROUNDS)
-            us = [statistics.median(s) * 1e6 for s in samples]
-            paired = [statistics.median(a / b for a, b in zip(samples[0], s)) for s in samples]
-            flops = multiply_add_flops(original, feeds)
-            rows.append({"cell": cell, "batch": batch, "onnxruntime_us": round(us[0], 2), "matmuls_only_us": round(us[1], 2),
-                         "onnxfuse_us": round(us[2], 2), "speedup": round(paired[2], 3),
-                         "ceiling_at_onnxruntime_gemm": round(paired[1], 3),
-                         "ceiling_at_gemm_peak": round(ratio_bound(flops, us[0], peak, call_us), 3), "flops": flops})
+            cell_run = ort_contender("onnxruntime", path, feeds, 1)
+            contenders = [cell_run, replace(ort_contender("MatMuls only", gemms, feeds, 1), checked=False),
+                          ort_contender("onnxfuse", fused, feeds, 1)]
+            timings = race(contenders, cell_run.outputs(cell_run.call()), rounds=CELL_CEILING_ROUNDS)
+            refused = [f"{name}: {t}" for name, t in timings.items() if isinstance(t, str)]
+            if refused:
+                raise OnnxfuseError(f"{cell}, batch {batch}: {'; '.join(refused)}")
+            ort, matmuls, fused_t = (timings[c.name] for c in contenders)
+            rows.append({"cell": cell, "batch": batch, "onnxruntime_us": round(ort.median * 1e6, 2),
+                         "matmuls_only_us": round(matmuls.median * 1e6, 2), "onnxfuse_us": round(fused_t.median * 1e6, 2),
+                         "speedup": round(fused_t.paired_speedup, 3),
+                         "ceiling_at_onnxruntime_gemm": round(matmuls.paired_speedup, 3),
+                         "ceiling_at_gemm_peak": round(ratio_bound(multiply_add_flops(original, feeds), ort.median * 1e6,
+                                                                   peak, call_us), 3)})
     seconds = time.perf_counter() - started
     report = {"machine": machine_info(), "gemm_peak_gflops": peak, "call_floor_us": call_us, "rows": rows,
               "seconds": round(seconds, 1)}

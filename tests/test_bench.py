@@ -94,6 +94,21 @@ def test_race_refuses_to_time_a_contender_whose_outputs_differ():
     assert log.count("wrong") == 1  # the check call only: never timed
 
 
+def test_race_times_an_unchecked_yardstick_that_computes_something_else():
+    """A contender with checked=False (a model's MatMuls alone, timed beside it) is timed and
+    paired like the others although its outputs share nothing with the reference."""
+    from dataclasses import replace
+
+    log: list[str] = []
+    other = {"partial": np.zeros(3, np.float32)}
+    results = race([logged("ok", log), replace(logged("yardstick", log, other), checked=False)], REFERENCE,
+                   rounds=3, round_seconds=0.0)
+    assert isinstance(results["yardstick"], Timing) and results["yardstick"].paired_speedup is not None
+    assert log.count("yardstick") == 2 + 3  # warm-up, sizing, three rounds
+    checked = race([logged("ok", log), logged("yardstick", log, other)], REFERENCE, rounds=3, round_seconds=0.0)
+    assert checked["yardstick"].startswith("refused: no output in common")
+
+
 def test_race_reports_a_failing_contender_instead_of_raising():
     def broken():
         raise RuntimeError("some backend error\nlast line says why")
