@@ -80,6 +80,7 @@ class KernelCache:
                 object_file=str(entry / OBJECT),
                 small_batch_below=int(meta.get("small_batch_below", 0)),
                 row_work=int(meta.get("row_work", 0)),
+                serial_variant=bool(meta.get("serial_variant", False)),
             )
             if not (entry / OBJECT).is_file():
                 return None
@@ -106,6 +107,7 @@ class KernelCache:
                 "arg_sources": list(kernel.arg_sources),
                 "small_batch_below": kernel.spec.small_batch_below,
                 "row_work": kernel.spec.row_work,
+                "serial_variant": kernel.spec.serial_variant,
                 "info": info,
             }
             (staging / META).write_text(json.dumps(meta, indent=1))

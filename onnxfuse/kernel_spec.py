@@ -96,6 +96,11 @@ def small_variant_name(name: str) -> str:
     return f"{name}_small"
 
 
+def serial_variant_name(name: str) -> str:
+    """The name of kernel `name`'s serial variant (its entry point is __tvm_ffi_<that>)."""
+    return f"{name}_serial"
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """One compiled kernel: `__tvm_ffi_<name>` in `object_file`, called as (inputs..., outputs...).
@@ -104,7 +109,10 @@ class KernelSpec:
     scheduled for small batches, which the runtime calls when the product of the symbolic dims
     is below that value. row_work: innermost iterations per unit of the symbolic dims (0 if
     unknown); the runtime runs the kernel's parallel loops on onnxruntime's pool only when that
-    product times row_work is worth waking it."""
+    product times row_work is worth waking it. serial_variant: the object also holds
+    `__tvm_ffi_<name>_serial`, the main schedule with a serial row loop, which the runtime calls
+    instead of running the parallel kernel's tasks one after another on the calling thread
+    (measured 5-8% faster there; see codegen.compile.needs_serial_variant)."""
 
     name: str
     inputs: tuple[TensorSpec, ...]
@@ -112,11 +120,17 @@ class KernelSpec:
     object_file: str
     small_batch_below: int = 0
     row_work: int = 0
+    serial_variant: bool = False
 
     @property
     def small_name(self) -> str:
         """The small-batch variant's name (meaningful only if small_batch_below > 0)."""
         return small_variant_name(self.name)
+
+    @property
+    def serial_name(self) -> str:
+        """The serial variant's name (meaningful only if serial_variant)."""
+        return serial_variant_name(self.name)
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():

@@ -398,10 +398,12 @@ def test_gemm_over_symbolic_batch_gets_a_small_batch_variant(tmp_path, target):
     cg = compile_and_check(model, tmp_path, target, name="cell_variants", batches=range(1, 18))
     assert cg.spec.small_batch_below == schedule.SMALL_BATCH_ROWS
     assert cg.stats["small_batch_variant_below"] == schedule.SMALL_BATCH_ROWS
+    assert cg.spec.serial_variant and cg.stats["parallel"]  # its row loop is parallel: a serial twin too
     static = make_model(model.graph.node, [f32("x", [3, 24]), f32("h", [3, 16]), f32("c", [3, 16])],
                         [f32("h_out", [3, 16]), f32("c_out", [3, 16])],
                         {i.name: nh.to_array(i) for i in model.graph.initializer}, opset=18)
-    assert compile_and_check(static, tmp_path, target, name="cell_static").spec.small_batch_below == 0
+    static_cg = compile_and_check(static, tmp_path, target, name="cell_static")
+    assert static_cg.spec.small_batch_below == 0 and not static_cg.spec.serial_variant
 
 
 def test_static_batch_gemm_epilogue(tmp_path, target):

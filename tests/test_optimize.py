@@ -85,6 +85,26 @@ def test_recurrent_cell_becomes_one_kernel(name, tmp_path, cache):
     assert {"MatMul", "Split", "Sigmoid", "Tanh"} <= set(group["op_types"])
 
 
+def test_parallel_kernel_and_its_serial_twin_match_onnxruntime(tmp_path, cache):
+    """The LSTM cell's kernel has a parallel row loop over the batch, so it also carries a serial
+    twin: batch 20 is too little work for onnxruntime's pool (the twin runs), batch 300 is not
+    (the parallel kernel runs on the pool); both on 1 and 2 threads."""
+    source = MODELS / "lstm_cell.onnx"
+    result = optimize(source, tmp_path / "cell.fused.onnx", cache_dir=cache, jobs=1, select="all")
+    (group,) = result.report["groups"]
+    assert group["stats"]["parallel"] and group["stats"]["serial_variant"]
+    row_work = group["stats"]["row_work"]
+    assert 20 * row_work < (1 << 20) <= 300 * row_work  # the runtime's POOL_MIN_WORK
+    for threads in (1, 2):
+        options = quiet_session_options()
+        options.intra_op_num_threads = threads
+        candidate = onnxfuse.InferenceSession(str(result.model_path), options, providers=["CPUExecutionProvider"])
+        reference = ort.InferenceSession(str(source), quiet_session_options(), providers=["CPUExecutionProvider"])
+        for batch in (20, 300):
+            feeds = random_inputs(source, batch, seed=batch)
+            assert_outputs_match(reference.run(None, feeds), candidate.run(None, feeds))
+
+
 def _offset_view(values: np.ndarray, byte_offset: int) -> np.ndarray:
     """A float32 copy of `values` whose data starts `byte_offset` bytes past a 64-byte boundary."""
     storage = np.zeros(values.nbytes + 128, np.uint8)

@@ -264,7 +264,7 @@ def test_work_estimate_picks_pool_or_inline_and_both_compute(build, tmp_path, ro
     _, _, objects = build
     heavy = KernelSpec("parallel_scale", (TensorSpec("float32", ("n", 64)),), (TensorSpec("float32", ("n", 64)),),
                        objects["parallel_scale"], row_work=row_work)
-    assert f"__tvm_ffi_parallel_scale, NULL, 0, {row_work}," in kernel_table_source([heavy])
+    assert f"__tvm_ffi_parallel_scale, NULL, 0, NULL, {row_work}," in kernel_table_source([heavy])
     library = build_library([heavy], tmp_path / LIBRARY_NAME)
     model = write_model(tmp_path, "work", "parallel_scale", [("x", F32, ["n", 64])], [("y", F32, None)])
     rng = np.random.default_rng(4)
@@ -273,6 +273,34 @@ def test_work_estimate_picks_pool_or_inline_and_both_compute(build, tmp_path, ro
             x = rng.standard_normal((batch, 64), dtype=np.float32)
             (y,) = sess.run(None, {"x": x})
             np.testing.assert_allclose(y, 3 * x, rtol=1e-6)
+
+
+def serial_marker():
+    """Y = 3 X + 1, serial: stands in for parallel_scale's serial twin so a test can tell which of
+    the two the runtime called (a real twin computes the same as its parallel kernel)."""
+    n = te.var("n")
+    x = te.placeholder((n, 64), "float32", name="X")
+    return te.create_prim_func([x, te.compute((n, 64), lambda i, j: x[i, j] * 3.0 + 1.0, name="Y")])
+
+
+@pytest.mark.parametrize("row_work, serial_runs", [(1 << 20, False), (1, True)])
+def test_calls_without_the_pool_run_the_serial_variant(tmp_path, row_work, serial_runs):
+    """A kernel with a serial variant: calls on onnxruntime's pool run the parallel kernel, calls
+    not worth the pool run `<name>_serial`, at every thread count; the table names both."""
+    module = tvm.IRModule({"twins": parallel_scale().with_attr("global_symbol", "twins"),
+                           "twins_serial": serial_marker().with_attr("global_symbol", "twins_serial")})
+    obj = tmp_path / "twins.o"
+    tvm.compile(module, target=tvm.target.Target({"kind": "llvm"})).mod.write_to_file(str(obj))
+    twins = KernelSpec("twins", (TensorSpec("float32", ("n", 64)),), (TensorSpec("float32", ("n", 64)),), str(obj),
+                       row_work=row_work, serial_variant=True)
+    assert f"__tvm_ffi_twins, NULL, 0, __tvm_ffi_twins_serial, {row_work}," in kernel_table_source([twins])
+    library = build_library([twins], tmp_path / LIBRARY_NAME)
+    model = write_model(tmp_path, "twins", "twins", [("x", F32, ["n", 64])], [("y", F32, None)])
+    x = np.random.default_rng(5).standard_normal((40, 64), dtype=np.float32)
+    for threads in (1, 2):
+        for sess in sessions(model, library, threads):
+            (y,) = sess.run(None, {"x": x})
+            np.testing.assert_allclose(y, 3 * x + (1 if serial_runs else 0), rtol=1e-6)
 
 
 # ---- Errors: a clear exception, and the session keeps working -----------------------------------

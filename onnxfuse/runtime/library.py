@@ -3,8 +3,9 @@
 The glue (`onnxfuse_runtime.c`) is the same for every library; what differs is the kernel table,
 which this module writes as C (`onnxfuse_kernels.inc`, #included by the glue). The table holds,
 per kernel, its name, its `__tvm_ffi_<name>` entry point (and `__tvm_ffi_<name>_small` with the
-batch below which the glue calls it, or NULL and 0), its work per row (for the glue's choice
-between onnxruntime's pool and running inline) and the element type and shape of each input
+batch below which the glue calls it, or NULL and 0; and `__tvm_ffi_<name>_serial`, which the glue
+calls instead of running the parallel kernel inline, or NULL), its work per row (for the glue's
+choice between onnxruntime's pool and running inline) and the element type and shape of each input
 and output. A static dimension is stored as itself; a symbolic one as `-1 - k`, where k
 indexes the kernel's own list of symbol names (in order of first appearance in the inputs).
 An output with derived dims (symbol * multiplier // divisor) also gets a (multiplier, divisor)
@@ -81,11 +82,13 @@ def kernel_table_source(kernels: Sequence[KernelSpec]) -> str:
         symbols = kernel_symbols(kernel)
         tensors = [*kernel.inputs, *kernel.outputs]
         dims = [encode_dim(d, symbols) for t in tensors for d in t.shape]
-        entry_points = [kernel.name] + ([kernel.small_name] if kernel.small_batch_below else [])
+        entry_points = ([kernel.name] + ([kernel.small_name] if kernel.small_batch_below else [])
+                        + ([kernel.serial_name] if kernel.serial_variant else []))
         for entry in entry_points:
             lines.append(f"int __tvm_ffi_{entry}(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *ret);")
         small = (f"__tvm_ffi_{kernel.small_name}, {int(kernel.small_batch_below)}" if kernel.small_batch_below
                  else "NULL, 0")
+        serial = f"__tvm_ffi_{kernel.serial_name}" if kernel.serial_variant else "NULL"
         if dims:
             lines.append(f"static const int64_t {prefix}_dims[] = {{{', '.join(map(str, dims))}}};")
         offset = 0
@@ -105,7 +108,7 @@ def kernel_table_source(kernels: Sequence[KernelSpec]) -> str:
         if symbols:
             lines.append(f"static const char *const {prefix}_symbols[] = {{{', '.join(map(c_string, symbols))}}};")
         entries.append(
-            f"    {{{c_string(kernel.name)}, __tvm_ffi_{kernel.name}, {small}, {int(kernel.row_work)}, "
+            f"    {{{c_string(kernel.name)}, __tvm_ffi_{kernel.name}, {small}, {serial}, {int(kernel.row_work)}, "
             f"{len(kernel.inputs)}, {f'{prefix}_inputs' if kernel.inputs else 'NULL'}, "
             f"{len(kernel.outputs)}, {f'{prefix}_outputs' if kernel.outputs else 'NULL'}, "
             f"{len(symbols)}, {f'{prefix}_symbols' if symbols else 'NULL'}}},"

@@ -46,6 +46,7 @@ typedef struct {
     tvm_kernel_fn fn;
     tvm_kernel_fn small_fn;   /* the same computation scheduled for small batches, or NULL */
     int64_t small_batch_below; /* small_fn runs when the product of the symbolic dims is below this */
+    tvm_kernel_fn serial_fn;  /* fn with a serial row loop, for calls without the pool; or NULL */
     int64_t row_work;          /* innermost iterations per unit of the symbolic dims; 0 if unknown */
     int32_t num_inputs;
     const tensor_desc *inputs;
@@ -300,9 +301,12 @@ static int worth_the_pool(const kernel_desc *k, int64_t batch) {
 }
 
 /* A GEMM kernel's main schedule tiles rows by 8; below that only its ragged tail tile runs, which
- * is slow, so codegen adds a one-row-per-tile variant for small batches. */
-static tvm_kernel_fn variant_for(const kernel_desc *k, int64_t batch) {
-    return k->small_fn && batch >= 0 && batch < k->small_batch_below ? k->small_fn : k->fn;
+ * is slow, so codegen adds a one-row-per-tile variant for small batches. A call that does not use
+ * the pool runs the serial twin of a parallel kernel when there is one: the parallel kernel's
+ * outlined loop body is 5-8% slower on the calling thread (codegen: needs_serial_variant). */
+static tvm_kernel_fn variant_for(const kernel_desc *k, int64_t batch, int on_pool) {
+    if (k->small_fn && batch >= 0 && batch < k->small_batch_below) return k->small_fn;
+    return !on_pool && k->serial_fn ? k->serial_fn : k->fn;
 }
 
 static OrtStatus *call_kernel(const kernel_desc *k, const OrtKernelContext *ctx, call_frame *frame) {
@@ -315,8 +319,9 @@ static OrtStatus *call_kernel(const kernel_desc *k, const OrtKernelContext *ctx,
     last_error.message[0] = '\0';
     const OrtKernelContext *outer = current_context;
     int64_t batch = symbolic_batch(k, frame);
-    current_context = worth_the_pool(k, batch) ? ctx : NULL; /* NULL: parallel loops run inline */
-    int rc = variant_for(k, batch)(NULL, frame->args, count, &result);
+    int on_pool = worth_the_pool(k, batch);
+    current_context = on_pool ? ctx : NULL; /* NULL: parallel loops run inline */
+    int rc = variant_for(k, batch, on_pool)(NULL, frame->args, count, &result);
     current_context = outer;
     if (rc == 0) return NULL;
     if (!last_error.message[0]) return fail(ORT_FAIL, k, "kernel failed (returned %d) without a message", rc);
