@@ -112,7 +112,7 @@ class KernelSpec:
     product times row_work is worth waking it. serial_variant: the object also holds
     `__tvm_ffi_<name>_serial`, the main schedule with a serial row loop, which the runtime calls
     instead of running the parallel kernel's tasks one after another on the calling thread
-    (measured 5-8% faster there; see codegen.compile.needs_serial_variant)."""
+    (measured 5-16% faster there; see codegen.schedule.needs_serial_variant)."""
 
     name: str
     inputs: tuple[TensorSpec, ...]

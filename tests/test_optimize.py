@@ -95,11 +95,11 @@ def test_parallel_kernel_and_its_serial_twin_match_onnxruntime(tmp_path, cache):
     assert group["stats"]["parallel"] and group["stats"]["serial_variant"]
     row_work = group["stats"]["row_work"]
     assert 20 * row_work < (1 << 20) <= 300 * row_work  # the runtime's POOL_MIN_WORK
+    reference = ort.InferenceSession(str(source), quiet_session_options(), providers=["CPUExecutionProvider"])
     for threads in (1, 2):
         options = quiet_session_options()
         options.intra_op_num_threads = threads
         candidate = onnxfuse.InferenceSession(str(result.model_path), options, providers=["CPUExecutionProvider"])
-        reference = ort.InferenceSession(str(source), quiet_session_options(), providers=["CPUExecutionProvider"])
         for batch in (20, 300):
             feeds = random_inputs(source, batch, seed=batch)
             assert_outputs_match(reference.run(None, feeds), candidate.run(None, feeds))

@@ -31,8 +31,10 @@ F32 = TensorProto.FLOAT
 
 
 # ---- Kernels, compiled once per module --------------------------------------------------------
-def compile_object(prim_func, name: str, directory) -> str:
-    module = tvm.IRModule({name: prim_func.with_attr("global_symbol", name)})
+def compile_object(prim_func, name: str, directory, **more_funcs) -> str:
+    """`name.o` holding prim_func as `name`, and any more_funcs under their own names."""
+    funcs = {name: prim_func, **more_funcs}
+    module = tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in funcs.items()})
     executable = tvm.compile(module, target=tvm.target.Target({"kind": "llvm"}))
     path = directory / f"{name}.o"
     executable.mod.write_to_file(str(path))
@@ -287,11 +289,8 @@ def serial_marker():
 def test_calls_without_the_pool_run_the_serial_variant(tmp_path, row_work, serial_runs):
     """A kernel with a serial variant: calls on onnxruntime's pool run the parallel kernel, calls
     not worth the pool run `<name>_serial`, at every thread count; the table names both."""
-    module = tvm.IRModule({"twins": parallel_scale().with_attr("global_symbol", "twins"),
-                           "twins_serial": serial_marker().with_attr("global_symbol", "twins_serial")})
-    obj = tmp_path / "twins.o"
-    tvm.compile(module, target=tvm.target.Target({"kind": "llvm"})).mod.write_to_file(str(obj))
-    twins = KernelSpec("twins", (TensorSpec("float32", ("n", 64)),), (TensorSpec("float32", ("n", 64)),), str(obj),
+    obj = compile_object(parallel_scale(), "twins", tmp_path, twins_serial=serial_marker())
+    twins = KernelSpec("twins", (TensorSpec("float32", ("n", 64)),), (TensorSpec("float32", ("n", 64)),), obj,
                        row_work=row_work, serial_variant=True)
     assert f"__tvm_ffi_twins, NULL, 0, __tvm_ffi_twins_serial, {row_work}," in kernel_table_source([twins])
     library = build_library([twins], tmp_path / LIBRARY_NAME)

@@ -303,7 +303,7 @@ static int worth_the_pool(const kernel_desc *k, int64_t batch) {
 /* A GEMM kernel's main schedule tiles rows by 8; below that only its ragged tail tile runs, which
  * is slow, so codegen adds a one-row-per-tile variant for small batches. A call that does not use
  * the pool runs the serial twin of a parallel kernel when there is one: the parallel kernel's
- * outlined loop body is 5-8% slower on the calling thread (codegen: needs_serial_variant). */
+ * outlined loop body is 5-16% slower on the calling thread (codegen/schedule.py: needs_serial_variant). */
 static tvm_kernel_fn variant_for(const kernel_desc *k, int64_t batch, int on_pool) {
     if (k->small_fn && batch >= 0 && batch < k->small_batch_below) return k->small_fn;
     return !on_pool && k->serial_fn ? k->serial_fn : k->fn;
