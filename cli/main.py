@@ -49,7 +49,7 @@ def inspect(model: str, max_depth: int, max_inputs: int, max_duplication: int, a
     """Show how MODEL would be fused: groups, their ops, and why other nodes stay unfused."""
     from onnxfuse.fusion.partition import FusionOptions
     from onnxfuse.fusion.plan import plan_fusion
-    from onnxfuse.loader import load_model
+    from onnxfuse.frontend.loader import load_model
 
     graph = load_model(model)
     plan = plan_fusion(graph, FusionOptions(max_depth=max_depth, max_inputs=max_inputs, max_duplication=max_duplication))

@@ -8,7 +8,7 @@ import onnx
 
 from .fusion.partition import FusionOptions
 from .fusion.plan import FusionPlan, plan_fusion
-from .loader import load_model
+from .frontend.loader import load_model
 
 
 def plan(model: str | os.PathLike | onnx.ModelProto, *, max_depth: int = 256, max_inputs: int = 64,

@@ -27,8 +27,8 @@ from .extract import extract_group
 from .fusion.partition import FusionOptions
 from .fusion.plan import FusedGroup, FusionPlan, plan_fusion
 from .kernel_spec import DerivedDim, KernelSpec
-from .ir_support import require_loadable_ir_version
-from .loader import load_model
+from .frontend.ir_version import require_loadable_ir_version
+from .frontend.loader import load_model
 from .ops import uncompetitive_ops
 from .package import GroupKernel, package_model
 from .report import whole_model_step_line

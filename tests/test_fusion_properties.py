@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from onnx_builder import const_i64, model, node, weights
 from onnxfuse.fusion.partition import FusionOptions
 from onnxfuse.fusion.plan import plan_fusion
-from onnxfuse.loader import load_model
+from onnxfuse.frontend.loader import load_model
 
 SHAPE = (4, 4)
 OPS = ["Relu", "Sigmoid", "Add", "Mul", "Transpose", "MatMul", "ReduceAdd", "SplitConcat", "Gather", "Hardmax"]

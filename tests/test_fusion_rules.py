@@ -12,7 +12,7 @@ import pytest
 from onnx_builder import const_i64, model, node, weights
 from onnxfuse.fusion.partition import FusionOptions
 from onnxfuse.fusion.plan import plan_fusion
-from onnxfuse.loader import load_model
+from onnxfuse.frontend.loader import load_model
 
 X = {"x": (4, 8)}
 

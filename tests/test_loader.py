@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 from onnx_builder import model, node
 from onnxfuse.errors import ModelLoadError
 from onnxfuse.fusion.plan import plan_fusion
-from onnxfuse.loader import load_model
+from onnxfuse.frontend.loader import load_model
 
 DIAMOND = [node("Relu", ["x"], "r"), node("Sigmoid", ["r"], "s"), node("Tanh", ["r"], "t"), node("Add", ["s", "t"], "y")]
 

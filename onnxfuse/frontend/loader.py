@@ -13,8 +13,8 @@ from pathlib import Path
 import onnx
 from onnx import external_data_helper, helper
 
-from .errors import ModelLoadError, first_line
-from .ir import Dim, Graph, Node, Value
+from ..errors import ModelLoadError, first_line
+from ..ir import Dim, Graph, Node, Value
 
 
 def load_model(source: str | os.PathLike | onnx.ModelProto) -> Graph:

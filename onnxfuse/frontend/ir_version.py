@@ -14,7 +14,7 @@ import re
 import onnx
 from onnx import TensorProto, helper
 
-from .errors import ModelLoadError, first_line
+from ..errors import ModelLoadError, first_line
 
 _MAX_SUPPORTED = re.compile(r"max supported IR version: (\d+)")
 
