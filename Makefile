@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   ?= models/lstm_cell.onnx
 
-.PHONY: install aarch64-deps test test-fast demo bench models clean
+.PHONY: install aarch64-deps test test-fast lint demo bench models clean
 
 install: $(STAMP) aarch64-deps
 
@@ -22,8 +22,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	@touch $@
 
-test: install
+test: install lint
 	$(BIN)/pytest -n 2 -q
+
+lint: install
+	$(BIN)/ruff check .
 
 test-fast: install
 	$(BIN)/pytest -q -m "not slow"

@@ -28,8 +28,6 @@ sys.path.insert(0, str(ROOT))
 
 from onnxfuse.atomic import write_text_atomic  # noqa: E402
 from onnxfuse.bench import (  # noqa: E402
-    BASELINE,
-    FUSED,
     BenchOptions,
     bench_model,
     format_cell,
@@ -37,12 +35,15 @@ from onnxfuse.bench import (  # noqa: E402
     format_table,
     machine_info,
     measure_groups,
-    render_table,
     report_json,
 )
 from onnxfuse.errors import OnnxfuseError  # noqa: E402
-from onnxfuse.report import format_measured_groups  # noqa: E402
-from onnxfuse.roofline import copy_bandwidth_gbs  # noqa: E402
+from onnxfuse.measure.contenders import BASELINE, FUSED  # noqa: E402
+from onnxfuse.measure.roofline import copy_bandwidth_gbs  # noqa: E402
+from onnxfuse.report import (
+    format_measured_groups,  # noqa: E402
+    render_table,  # noqa: E402
+)
 
 MODELS = ROOT / "models"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -188,7 +189,7 @@ def run_trees() -> dict:
 
 def compile_time(depth: int, trees: int | None) -> dict:
     """onnxfuse optimize (no kernel cache) on tree_trav over 100 spine trees of the given depth."""
-    from onnxfuse.optimize import optimize
+    from onnxfuse import optimize
 
     mm = make_models_module()
     path = WORK / "depth" / f"spine_tree_trav_{trees}x{depth}.onnx"
@@ -282,9 +283,11 @@ def run_cells() -> dict:
     peak gives the other ceiling (roofline.ratio_bound)."""
     from dataclasses import replace
 
-    from onnxfuse.bench import model_inputs, ort_contender, race, random_inputs
-    from onnxfuse.optimize import optimize
-    from onnxfuse.roofline import call_floor_us, gemm_only_model, gemm_peak_gflops, multiply_add_flops, ratio_bound
+    from onnxfuse import optimize
+    from onnxfuse.measure.contenders import ort_contender
+    from onnxfuse.measure.inputs import model_inputs, random_inputs
+    from onnxfuse.measure.roofline import call_floor_us, gemm_only_model, gemm_peak_gflops, multiply_add_flops, ratio_bound
+    from onnxfuse.measure.timing import race
 
     started = time.perf_counter()
     work = WORK / "cells"

@@ -6,9 +6,11 @@ import json
 import sys
 
 import click
-
-from onnxfuse.errors import UsageError
 from onnxfuse_cli.common import EXIT_FAILED, clean_errors, parse_sizes
+
+from onnxfuse.atomic import write_text_atomic
+from onnxfuse.errors import UsageError
+from onnxfuse.report import format_measured_groups
 
 
 def _extra_models(items: tuple[str, ...]) -> dict[str, str]:
@@ -68,7 +70,7 @@ def bench(model, fused, batches, threads, rounds, budget, extra, json_path, no_t
     onnxfuse bench tree_trav.onnx --ort trees-ml=tree_ensemble.onnx --no-tvm --json out.json
     onnxfuse bench models/lstm_gate.onnx --groups --batch 1,64
     """
-    from onnxfuse.bench import BenchOptions, bench_model, fused_refusals, format_compile_table, format_table, report_json
+    from onnxfuse.bench import BenchOptions, bench_model, format_compile_table, format_table, fused_refusals, report_json
 
     options = BenchOptions(batches=parse_sizes(batches, "--batch"), threads=parse_sizes(threads, "--threads"), rounds=rounds,
                            budget_seconds=budget, tvm=not no_tvm, cache_dir=cache_dir, seed=seed, select=select,
@@ -84,8 +86,6 @@ def bench(model, fused, batches, threads, rounds, budget, extra, json_path, no_t
     for note in result.notes:
         click.echo(f"note: {note}")
     if json_path:
-        from onnxfuse.atomic import write_text_atomic
-
         write_text_atomic(json_path, json.dumps(report_json([result], options), indent=1))
     refused = fused_refusals([result])
     if refused:
@@ -97,13 +97,10 @@ def bench(model, fused, batches, threads, rounds, budget, extra, json_path, no_t
 def _bench_groups(model: str, fused: str | None, options, json_path: str | None) -> None:
     """`--groups`: the per-group table of a measured optimize run; --json writes its whole report."""
     from onnxfuse.bench import measure_groups
-    from onnxfuse.report import format_measured_groups
 
     if fused:
         raise UsageError("--groups measures the groups of MODEL as it optimizes it; it does not take --fused")
     report = measure_groups(model, options)
     click.echo(format_measured_groups(report))
     if json_path:
-        from onnxfuse.atomic import write_text_atomic
-
         write_text_atomic(json_path, json.dumps({"model": model, **report}, indent=1))

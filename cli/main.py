@@ -6,9 +6,11 @@ import json
 import sys
 
 import click
-
 from onnxfuse_cli.bench import bench
 from onnxfuse_cli.common import EXIT_FAILED, clean_errors, parse_sizes
+
+from onnxfuse.atomic import write_text_atomic
+from onnxfuse.report import format_plan
 
 fusion_options = [
     click.option("--max-depth", type=click.IntRange(min=1), default=256, show_default=True,
@@ -47,16 +49,15 @@ def main() -> None:
 @clean_errors
 def inspect(model: str, max_depth: int, max_inputs: int, max_duplication: int, as_json: bool) -> None:
     """Show how MODEL would be fused: groups, their ops, and why other nodes stay unfused."""
+    from onnxfuse.frontend.loader import load_model
     from onnxfuse.fusion.partition import FusionOptions
     from onnxfuse.fusion.plan import plan_fusion
-    from onnxfuse.frontend.loader import load_model
 
     graph = load_model(model)
     plan = plan_fusion(graph, FusionOptions(max_depth=max_depth, max_inputs=max_inputs, max_duplication=max_duplication))
     if as_json:
         click.echo(json.dumps({"model": model, **plan.to_json()}))
         return
-    from onnxfuse.report import format_plan
 
     click.echo(format_plan(model, plan))
 
@@ -94,8 +95,8 @@ def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, max_dupl
              report_path, cache_dir,
              no_cache, no_verify, select, select_batches, threads, quiet) -> None:
     """Fuse MODEL, compile each group into one kernel, and write the fused model + its library."""
-    from onnxfuse.optimize import Progress
-    from onnxfuse.optimize import optimize as run_optimize
+    from onnxfuse.pipeline import optimize as run_optimize
+    from onnxfuse.progress import Progress
 
     result = run_optimize(
         model, output, target=target, mcpu=mcpu, mattr=mattr, max_depth=max_depth, max_inputs=max_inputs,
@@ -106,8 +107,6 @@ def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, max_dupl
     )
     report = result.report
     if report_path:
-        from onnxfuse.atomic import write_text_atomic
-
         write_text_atomic(report_path, json.dumps({"model": model, **report}, indent=1))
     click.echo(
         f"{model} → {result.model_path}"

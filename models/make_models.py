@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -257,11 +257,11 @@ def forest_predict_proba(forest: Forest, x: np.ndarray) -> np.ndarray:
     return (proba / forest.n_trees).astype(np.float32)
 
 
-def _tree_input(g: GraphBuilder, forest: "Forest | _ForestShape") -> str:
+def _tree_input(g: GraphBuilder, forest: Forest | _ForestShape) -> str:
     return g.add_input("X", TensorProto.FLOAT, [BATCH, forest.n_features])
 
 
-def _classifier_head(g: GraphBuilder, leaf_rows: str, forest: "Forest | _ForestShape") -> None:
+def _classifier_head(g: GraphBuilder, leaf_rows: str, forest: Forest | _ForestShape) -> None:
     """Leaf values [N*T, C] -> probabilities [N, C] (mean over trees) and label [N].
 
     Hummingbird's RandomForest aggregation sums over the tree axis and divides by the

@@ -6,9 +6,9 @@ import os
 
 import onnx
 
+from .frontend.loader import load_model
 from .fusion.partition import FusionOptions
 from .fusion.plan import FusionPlan, plan_fusion
-from .frontend.loader import load_model
 
 
 def plan(model: str | os.PathLike | onnx.ModelProto, *, max_depth: int = 256, max_inputs: int = 64,

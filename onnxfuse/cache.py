@@ -19,8 +19,7 @@ import numpy as np
 import onnx
 
 from . import __version__
-from .kernel_spec import DerivedDim, KernelSpec, TensorSpec
-from .package import GroupKernel
+from .kernel_spec import DerivedDim, GroupKernel, KernelSpec, TensorSpec
 
 OBJECT = "kernel.o"
 META = "meta.json"

@@ -1,5 +1,7 @@
 """The errors onnxfuse raises on purpose: each one is a clear, one-line message for the user."""
 
+import re
+
 
 class OnnxfuseError(Exception):
     """Base class: the CLI prints the message and exits with `exit_code`, no traceback."""
@@ -28,6 +30,16 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     its source location and a C++ signature (`/onnxruntime_src/...cc:256 Model::Model(...)`),
     long enough to push the reason past any sensible limit; those go."""
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return without_source_location(text)[:limit]
+
+
+def short_reason(exc: BaseException, limit: int = 200) -> str:
+    """The line of an exception that says what went wrong, for one-line messages about TVM and
+    onnxruntime failures: TVM puts its message after a long traceback, so the last line that
+    names an exception type (`InternalError: ...`) wins, else the last line."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    named = [ln for ln in lines if re.search(r"\w*(Error|Exception):", ln)]
+    text = named[-1] if named else (lines[-1] if lines else type(exc).__name__)
     return without_source_location(text)[:limit]
 
 

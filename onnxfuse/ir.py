@@ -8,6 +8,7 @@ can always be reported in terms of the user's model.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -114,8 +115,6 @@ class Graph:
     @cached_property
     def topological_order(self) -> list[int]:
         """Node indices, producers first; ties keep the file's order (stable Kahn)."""
-        import heapq
-
         indegree = [len(p) for p in self._predecessors]
         ready = [i for i, d in enumerate(indegree) if d == 0]
         heapq.heapify(ready)

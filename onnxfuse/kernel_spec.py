@@ -7,12 +7,13 @@ into one custom-op library; packaging writes one ONNX node per spec (op_type = s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 DOMAIN = "ai.onnxfuse"
 DOMAIN_VERSION = 1
+LIBRARY_METADATA_KEY = "onnxfuse.library"  # model metadata: the library file beside the model
 
 # The dtypes a kernel may take or return, as numpy names, with their ONNX TensorProto codes.
 ONNX_DTYPE_CODES = {
@@ -87,7 +88,7 @@ class TensorSpec:
                      for d in self.shape)
 
     @staticmethod
-    def of(array: np.ndarray) -> "TensorSpec":
+    def of(array: np.ndarray) -> TensorSpec:
         return TensorSpec(str(array.dtype), tuple(int(d) for d in array.shape))
 
 
@@ -144,3 +145,14 @@ class KernelSpec:
             raise ValueError(
                 f"kernel {self.name}: output dims {sorted(unbound)} are not dims of any input"
             )
+
+
+@dataclass(frozen=True)
+class GroupKernel:
+    """A compiled kernel as packaging needs it (fresh from codegen or from the cache): its spec,
+    where each argument comes from (a value of the model, or one of `extra_weights`: constants
+    the import lifted out of the group), and those weights."""
+
+    spec: KernelSpec
+    arg_sources: tuple[str, ...]
+    extra_weights: dict[str, np.ndarray] = field(default_factory=dict)

@@ -8,27 +8,14 @@ compiled stays as it was, for onnxruntime to run.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
 
-import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from . import __version__
 from .fusion.plan import FusedGroup
 from .ir import Graph
-from .kernel_spec import DOMAIN, DOMAIN_VERSION, KernelSpec
-
-LIBRARY_KEY = "onnxfuse.library"
-
-
-@dataclass(frozen=True)
-class GroupKernel:
-    """A compiled kernel as packaging needs it (fresh from codegen or from the cache)."""
-
-    spec: KernelSpec
-    arg_sources: tuple[str, ...]
-    extra_weights: dict[str, np.ndarray] = field(default_factory=dict)
+from .kernel_spec import DOMAIN, DOMAIN_VERSION, LIBRARY_METADATA_KEY, GroupKernel
 
 
 def package_model(
@@ -58,7 +45,7 @@ def package_model(
     _drop_unused(g)
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
-    _set_metadata(model, {LIBRARY_KEY: library_name, "onnxfuse.version": __version__, "onnxfuse.target": target_name})
+    _set_metadata(model, {LIBRARY_METADATA_KEY: library_name, "onnxfuse.version": __version__, "onnxfuse.target": target_name})
     return model
 
 

@@ -54,8 +54,6 @@ def format_measured_groups(report: dict) -> str:
     and onnxruntime time, the kernel's achieved bandwidth against the machine's copy bandwidth and,
     for groups with multiply-adds, its GFLOP/s against the GEMM peak with the largest ratio any
     kernel could reach, call cost included (roofline.ratio_bound); then the whole-model check's steps."""
-    from .bench import render_table
-
     measured = report.get("measured", {})
     copy_gbs = measured.get("copy_bandwidth_gbs")
     peaks = measured.get("gemm_peak_gflops", {})
@@ -99,3 +97,16 @@ def _used(group: dict) -> str:
     if group["status"] != "fallback":
         return "yes"
     return "no: whole model" if group.get("reason", "").startswith("dropped by the whole-model") else "no: slower"
+
+
+def render_table(header: list[str], rows: list[list[str]], markdown: bool) -> str:
+    """Aligned plain-text columns, or a markdown table."""
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+
+    def fmt(row):
+        return "  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip()
+
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *map(fmt, rows)])

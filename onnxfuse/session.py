@@ -13,7 +13,7 @@ import pathlib
 import onnx
 import onnxruntime
 
-LIBRARY_METADATA_KEY = "onnxfuse.library"
+from .kernel_spec import LIBRARY_METADATA_KEY
 
 # Session config entries copied from a caller's options. onnxruntime cannot list the entries
 # that are set, so these are the documented keys; unknown ones are skipped.
@@ -44,6 +44,13 @@ _CONFIG_KEYS = (
     "optimization.disable_specified_optimizers",
     "mlas.enable_gemm_fastmath_arm64_bfloat16",
 )
+
+
+def quiet_session_options():
+    """Session options that keep onnxruntime's warnings (old opsets, ...) out of our output."""
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    return options
 
 
 def session_options(library, base: onnxruntime.SessionOptions | None = None) -> onnxruntime.SessionOptions:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import platform
 import shutil
@@ -88,8 +89,6 @@ def check_cpu_and_features(target: Target) -> None:
 
     LLVM itself only warns and builds for a generic CPU: a typo such as `--mcpu neoverse_n1`
     would quietly give slower kernels than the user asked for."""
-    import difflib
-
     import tvm
     from tvm.target import codegen
 

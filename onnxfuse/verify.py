@@ -6,9 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 
 from .errors import ModelLoadError, OnnxfuseError, first_line
-from .feeds import random_feeds_for_session
+from .measure.inputs import random_feeds_for_session
+from .session import InferenceSession, quiet_session_options
 
 
 @dataclass
@@ -58,15 +60,6 @@ def compare_arrays(
     return OutputComparison(name, float(diff.max()), float(rel.max()), ok)
 
 
-def quiet_session_options():
-    """Session options that keep onnxruntime's warnings (old opsets, ...) out of our output."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return options
-
-
 def verify_models(
     original: str | Path,
     fused: str | Path,
@@ -77,10 +70,6 @@ def verify_models(
     dims: dict[str, int] | None = None,
     norm_rtol: float = NORM_RTOL,
 ) -> VerifyResult:
-    import onnxruntime as ort
-
-    from .session import InferenceSession
-
     try:
         reference = ort.InferenceSession(str(original), quiet_session_options(), providers=["CPUExecutionProvider"])
     except Exception as exc:

@@ -17,8 +17,9 @@ import multiprocessing
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait
-from typing import Any, Callable, Iterator
+from typing import Any
 
 POLL_SECONDS = 0.2
 STARTUP_SECONDS = 120.0  # a worker imports TVM before it reports ready; slow disks take a while

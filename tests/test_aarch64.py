@@ -21,10 +21,11 @@ import onnxruntime as ort
 import pytest
 
 from onnxfuse.errors import UsageError
-from onnxfuse.feeds import random_feeds_for_session
 from onnxfuse.kernel_spec import DOMAIN
+from onnxfuse.measure.inputs import random_feeds_for_session
+from onnxfuse.session import quiet_session_options
 from onnxfuse.target import resolve_target
-from onnxfuse.verify import compare_arrays, quiet_session_options
+from onnxfuse.verify import compare_arrays
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "aarch64"))
 import harness  # noqa: E402

@@ -12,25 +12,12 @@ import onnx
 import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper
-
-from onnxfuse.bench import (
-    BASELINE,
-    FUSED,
-    TVM,
-    BenchOptions,
-    Contender,
-    InputSpec,
-    ModelBench,
-    Timing,
-    check_outputs,
-    format_table,
-    fused_refusals,
-    race,
-    random_inputs,
-    report_json,
-    with_speedups,
-)
 from onnxfuse_cli.main import main
+
+from onnxfuse.bench import BenchOptions, ModelBench, format_table, fused_refusals, report_json, with_speedups
+from onnxfuse.measure.contenders import BASELINE, FUSED, TVM
+from onnxfuse.measure.inputs import InputSpec, random_inputs
+from onnxfuse.measure.timing import Contender, Timing, check_outputs, race
 
 REFERENCE = {"y": np.arange(6, dtype=np.float32).reshape(2, 3)}
 
@@ -64,7 +51,7 @@ def test_speedups_pair_each_round_so_a_slow_phase_cancels(monkeypatch):
     only while onnxfuse runs. Paired round by round the speedup is 2x; the ratio of the medians
     (2 / 10) would call onnxfuse 5x slower."""
     clock = [0.0]
-    monkeypatch.setattr("onnxfuse.bench.time.perf_counter", lambda: clock[0])
+    monkeypatch.setattr("onnxfuse.measure.timing.time.perf_counter", lambda: clock[0])
 
     def scripted(name, seconds):
         pending = list(seconds)
@@ -196,7 +183,7 @@ def test_cli_times_a_matching_fused_model_and_refuses_a_wrong_one(tmp_path, fuse
 def test_both_call_styles_give_the_models_outputs(tmp_path, call_style):
     """The IOBinding contender (inputs and pre-allocated outputs bound once) returns what
     session.run returns, call after call, with the arrays numpy computes."""
-    from onnxfuse.bench import ort_contender
+    from onnxfuse.measure.contenders import ort_contender
 
     path = unary_model(tmp_path / "m.onnx", "Sigmoid")
     x = np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32)
@@ -207,7 +194,7 @@ def test_both_call_styles_give_the_models_outputs(tmp_path, call_style):
 
 
 def test_unknown_call_style_is_refused(tmp_path):
-    from onnxfuse.bench import ort_contender
+    from onnxfuse.measure.contenders import ort_contender
 
     with pytest.raises(ValueError, match="call style"):
         ort_contender("m", unary_model(tmp_path / "m.onnx", "Relu"), {"x": np.zeros((1, 8), np.float32)}, 1, "grpc")

@@ -7,8 +7,7 @@ import dataclasses
 import numpy as np
 
 from onnxfuse.cache import KernelCache
-from onnxfuse.kernel_spec import DerivedDim, KernelSpec, TensorSpec
-from onnxfuse.package import GroupKernel
+from onnxfuse.kernel_spec import DerivedDim, GroupKernel, KernelSpec, TensorSpec
 
 
 def test_a_stored_kernel_loads_back_with_every_spec_field(tmp_path):

@@ -11,7 +11,6 @@ from pathlib import Path
 import onnx
 import pytest
 from click.testing import CliRunner
-
 from onnxfuse_cli.main import main
 
 BACKEND_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"

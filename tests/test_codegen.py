@@ -332,7 +332,7 @@ def test_group_input_the_kernel_does_not_read_is_a_compile_error(tmp_path, targe
 
 def test_random_feeds_of_rank_zero_are_arrays():
     """onnxruntime refuses numpy scalars; a 0-d bool input once made verification skip a group."""
-    from onnxfuse.feeds import random_array
+    from onnxfuse.measure.inputs import random_array
 
     rng = np.random.default_rng(0)
     for dtype in ("bool", "int64", "float32"):

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-
 from onnx_builder import const_i64, model, node
+from test_optimize import assert_outputs_match, run_both
+
+from onnxfuse import optimize
 from onnxfuse.cache import _dims_from_json, _dims_to_json
 from onnxfuse.codegen.relax_import import _dim
 from onnxfuse.errors import CompileError
 from onnxfuse.kernel_spec import DerivedDim, KernelSpec, TensorSpec
-from onnxfuse.optimize import optimize
-from test_optimize import assert_outputs_match, run_both
 
 
 def test_shape_expressions_become_derived_dims():
@@ -74,7 +74,7 @@ def test_flattening_and_folding_groups_compile_and_match_onnxruntime(tmp_path, b
 
 
 def test_verification_folds_random_inputs_evenly_for_every_divisor():
-    from onnxfuse.optimize import _whole_multiples
+    from onnxfuse.codegen.worker import _whole_multiples
 
     spec = KernelSpec("k", (TensorSpec("float32", ("M", "N")),),
                       (TensorSpec("float32", (DerivedDim("M", 1, 4), "N")), TensorSpec("float32", (DerivedDim("M", 1, 6),)),

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import onnxruntime as ort
 import pytest
+from onnx_builder import model, node
 
 from onnxfuse.errors import first_line
-from onnx_builder import model, node
 
 
 def test_first_line_drops_onnxruntimes_source_location_and_signature():

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from onnx_builder import const_i64, model, node, weights
+
+from onnxfuse.frontend.loader import load_model
 from onnxfuse.fusion.partition import FusionOptions
 from onnxfuse.fusion.plan import plan_fusion
-from onnxfuse.frontend.loader import load_model
 
 SHAPE = (4, 4)
 OPS = ["Relu", "Sigmoid", "Add", "Mul", "Transpose", "MatMul", "ReduceAdd", "SplitConcat", "Gather", "Hardmax"]

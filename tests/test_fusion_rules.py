@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from onnx_builder import const_i64, model, node, weights
+
+from onnxfuse.frontend.loader import load_model
 from onnxfuse.fusion.partition import FusionOptions
 from onnxfuse.fusion.plan import plan_fusion
-from onnxfuse.frontend.loader import load_model
 
 X = {"x": (4, 8)}
 

@@ -1,4 +1,4 @@
-"""Waiting for spinning neighbour threads before a timed round (onnxfuse.idle)."""
+"""Waiting for spinning neighbour threads before a timed round (onnxfuse.measure.idle)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from onnxfuse import idle
-from onnxfuse.bench import alternating_rounds
+from onnxfuse.measure import idle
+from onnxfuse.measure.timing import alternating_rounds
 
 
 class FakeMachine:

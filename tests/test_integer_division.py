@@ -9,14 +9,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from onnx_builder import model, node
+from test_codegen import check_against_ort
 
+from onnxfuse import optimize
 from onnxfuse.codegen.compile import compile_group
-from onnxfuse.optimize import optimize
 from onnxfuse.session import InferenceSession
 from onnxfuse.target import resolve_target
-from onnx_builder import model, node
-
-from test_codegen import check_against_ort
 
 ONNX_TYPES = {np.int8: onnx.TensorProto.INT8, np.int16: onnx.TensorProto.INT16,
               np.int32: onnx.TensorProto.INT32, np.int64: onnx.TensorProto.INT64}

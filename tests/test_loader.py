@@ -5,11 +5,11 @@ from __future__ import annotations
 import onnx
 import pytest
 from onnx import TensorProto, helper
-
 from onnx_builder import model, node
+
 from onnxfuse.errors import ModelLoadError
-from onnxfuse.fusion.plan import plan_fusion
 from onnxfuse.frontend.loader import load_model
+from onnxfuse.fusion.plan import plan_fusion
 
 DIAMOND = [node("Relu", ["x"], "r"), node("Sigmoid", ["r"], "s"), node("Tanh", ["r"], "t"), node("Add", ["s", "t"], "y")]
 

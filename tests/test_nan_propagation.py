@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import tvm
 import tvm_ffi
+from onnx_builder import model, node
+from test_codegen import check_against_ort
 from tvm import s_tir
 
 from onnxfuse.codegen import relax_import
@@ -17,9 +18,6 @@ from onnxfuse.codegen.nan_propagation import propagate_nan
 from onnxfuse.codegen.register_file import AVX512
 from onnxfuse.codegen.tir_walk import expr_size
 from onnxfuse.target import resolve_target
-from onnx_builder import model, node
-
-from test_codegen import check_against_ort
 
 SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, 88.5, -88.5, 0.5, -0.5, 2.5, -2.5,
                     3e38, -3e38, 1.0, -1.0], np.float32)

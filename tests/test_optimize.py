@@ -7,6 +7,8 @@ outputs the ONNX backend test data ships.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,36 +16,17 @@ import onnx
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
+from conftest import MODELS, assert_outputs_match, run_both
 from onnx import numpy_helper
-
-import onnxfuse
 from onnx_builder import model, node
-from onnxfuse.errors import CompileError
-from onnxfuse.optimize import optimize
-from onnxfuse.verify import compare_arrays, quiet_session_options
 from onnxfuse_cli.main import main
 
-MODELS = Path(__file__).resolve().parent.parent / "models"
+import onnxfuse
+from onnxfuse import optimize
+from onnxfuse.errors import CompileError
+from onnxfuse.session import quiet_session_options
+
 BACKEND = Path(onnx.__file__).parent / "backend" / "test" / "data"
-
-
-@pytest.fixture(scope="session")
-def cache(tmp_path_factory):
-    """One kernel cache per test worker: tests that optimize the same model share kernels."""
-    return tmp_path_factory.mktemp("kernel-cache")
-
-
-def run_both(original: Path, fused: Path, feeds: dict) -> tuple[list, list]:
-    reference = ort.InferenceSession(str(original), quiet_session_options(), providers=["CPUExecutionProvider"])
-    candidate = onnxfuse.InferenceSession(str(fused), quiet_session_options(), providers=["CPUExecutionProvider"])
-    return reference.run(None, feeds), candidate.run(None, feeds)
-
-
-def assert_outputs_match(expected, actual, rtol=1e-4, atol=1e-5):
-    assert len(expected) == len(actual)
-    for k, (e, a) in enumerate(zip(expected, actual)):
-        cmp = compare_arrays(f"output {k}", np.asarray(e), np.asarray(a), rtol, atol)
-        assert cmp.ok, f"output {k}: max abs error {cmp.max_abs_error}"
 
 
 def random_inputs(path: Path, batch: int, seed: int = 0) -> dict:
@@ -182,12 +165,12 @@ def test_group_that_cannot_compile_falls_back(tmp_path, cache):
 
 
 def test_failed_run_leaves_no_files(tmp_path, monkeypatch, cache):
-    import onnxfuse.runtime.library as library
+    import onnxfuse.pipeline as optimize_module
 
     def broken(*args, **kwargs):
         raise CompileError("library: linker exploded")
 
-    monkeypatch.setattr(library, "build_library", broken)
+    monkeypatch.setattr(optimize_module, "build_library", broken)
     out = tmp_path / "out"
     with pytest.raises(CompileError):
         optimize(MODELS / "lstm_gate.onnx", out / "gate.fused.onnx", cache_dir=cache, jobs=1)
@@ -323,7 +306,7 @@ def test_model_with_external_weights(tmp_path, cache):
 
 
 def test_large_output_is_written_with_external_data(tmp_path, cache, monkeypatch):
-    import onnxfuse.optimize as optimize_module
+    import onnxfuse.pipeline as optimize_module
 
     monkeypatch.setattr(optimize_module, "EXTERNAL_DATA_THRESHOLD", 10_000)  # stands in for 2 GB
     source = MODELS / "lstm_cell.onnx"
@@ -363,7 +346,7 @@ def test_verification_runs_both_gemm_variants(tmp_path, monkeypatch):
     """A MatMul group over a symbolic batch has a small-batch variant; verification must also run
     a batch the main (8-row tile) schedule handles, not only the small sizes 1 and 3."""
     from onnxfuse.codegen.compile import CompiledGroup, compile_group
-    from onnxfuse.optimize import verify_kernel
+    from onnxfuse.codegen.worker import verify_kernel
     from onnxfuse.target import resolve_target
 
     w = np.random.default_rng(0).standard_normal((16, 32)).astype(np.float32)
@@ -376,3 +359,21 @@ def test_verification_runs_both_gemm_variants(tmp_path, monkeypatch):
     assert verify_kernel(compiled, group)["checked"]
     assert compiled.spec.small_batch_below == 8
     assert min(batches) < 8 <= max(batches)
+
+
+def test_the_python_api_optimizes_twice_in_one_process(tmp_path, cache):
+    """`onnxfuse.optimize` is the function on every call (a submodule of that name once shadowed it)."""
+    first = onnxfuse.optimize(MODELS / "diamond.onnx", tmp_path / "a" / "d.fused.onnx", cache_dir=cache, jobs=1)
+    second = onnxfuse.optimize(MODELS / "diamond.onnx", tmp_path / "b" / "d.fused.onnx", cache_dir=cache, jobs=1)
+    assert first.report["fused_node_count"] == second.report["fused_node_count"] == 5
+    assert callable(onnxfuse.optimize)
+    x = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
+    feeds = {onnx.load(str(MODELS / "diamond.onnx")).graph.input[0].name: x}
+    assert_outputs_match(*run_both(MODELS / "diamond.onnx", second.model_path, feeds))
+
+
+def test_python_dash_m_onnxfuse_is_the_cli():
+    done = subprocess.run([sys.executable, "-m", "onnxfuse", "inspect", str(MODELS / "diamond.onnx")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "1 fused groups cover 5" in done.stdout

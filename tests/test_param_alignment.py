@@ -7,12 +7,12 @@ import re
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
+from onnx_builder import node
 
 from onnxfuse.codegen import relax_import, schedule
 from onnxfuse.codegen.compile import build_module
 from onnxfuse.codegen.param_alignment import element_aligned
 from onnxfuse.target import resolve_target
-from onnx_builder import node
 
 
 def _typed_group() -> onnx.ModelProto:

@@ -16,15 +16,14 @@ import subprocess
 import onnx
 import pytest
 import tvm
+from test_optimize import MODELS, assert_outputs_match, random_inputs, run_both
 
+from onnxfuse import optimize
 from onnxfuse.codegen import register_file
 from onnxfuse.codegen.compile import compile_group
 from onnxfuse.codegen.register_file import AVX2, AVX512, NEON, SSE
 from onnxfuse.codegen.schedule import GEMM_TILE_ROWS, _register_tile_shape
-from onnxfuse.optimize import optimize
 from onnxfuse.target import resolve_target
-
-from test_optimize import MODELS, assert_outputs_match, random_inputs, run_both
 
 
 @pytest.mark.parametrize("name, mcpu, expected", [

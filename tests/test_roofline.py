@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from onnx_builder import model, node, weights
-from onnxfuse.roofline import (bytes_moved, call_floor_us, gemm_only_model, gemm_peak_gflops, multiply_add_flops,
-                               ratio_bound)
-from onnxfuse.select import Measurement
+
+from onnxfuse.measure.roofline import (
+    bytes_moved,
+    call_floor_us,
+    gemm_only_model,
+    gemm_peak_gflops,
+    multiply_add_flops,
+    ratio_bound,
+)
+from onnxfuse.select.measured import Measurement
 
 
 def test_bytes_moved_counts_inputs_weights_and_outputs_like_numpy():

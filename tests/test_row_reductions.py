@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import onnx
 import pytest
-
 import tvm
+from onnx_builder import const_i64, model, node
+from test_codegen import check_against_ort, random_feeds
 from tvm import s_tir
 
 from onnxfuse.codegen import register_file, relax_import, schedule
 from onnxfuse.codegen.compile import compile_group
 from onnxfuse.target import resolve_target
-from onnx_builder import const_i64, model, node
-
-from test_codegen import check_against_ort, random_feeds
 
 
 def _row_reduction(op: str, width: int = 64, keepdims: int = 1) -> onnx.ModelProto:

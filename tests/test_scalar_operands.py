@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import tvm
+from onnx_builder import model, node
+from test_codegen import check_against_ort, random_feeds
 from tvm import relax
 
 from onnxfuse.codegen import relax_import
 from onnxfuse.codegen.compile import compile_group
 from onnxfuse.codegen.scalar_operands import ScalarOperands
 from onnxfuse.target import resolve_target
-from onnx_builder import model, node
-
-from test_codegen import check_against_ort, random_feeds
 
 
 def _calls(mod) -> list[tuple[str, list]]:

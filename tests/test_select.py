@@ -9,15 +9,15 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-
-import onnxfuse.select
-import onnxfuse.whole_model
 from onnx_builder import model, node, weights
-from onnxfuse.optimize import optimize
-from onnxfuse.select import NOISE, Measurement, alternate_samples, kernel_is_worth_keeping
-from onnxfuse.whole_model import TOLERANCE, Comparison, choose_kept, dropped_at, final_kept
 from onnxfuse_cli.main import main
 from test_optimize import MODELS, assert_outputs_match, random_inputs, run_both
+
+import onnxfuse.select.measured
+import onnxfuse.select.whole_model
+from onnxfuse import optimize
+from onnxfuse.select.measured import NOISE, Measurement, alternate_samples, kernel_is_worth_keeping
+from onnxfuse.select.whole_model import TOLERANCE, Comparison, choose_kept, dropped_at, final_kept
 
 
 def test_a_kernel_must_win_in_total_and_lose_nowhere_beyond_noise():
@@ -208,7 +208,7 @@ def kernel_cache(tmp_path_factory):
 def test_whole_model_check_runs_and_is_recorded(tmp_path, kernel_cache, monkeypatch):
     """Real whole-model timings (every kernel passes the per-group stage, so the check has work);
     whatever they say, the report explains it and the output still matches onnxruntime."""
-    monkeypatch.setattr(onnxfuse.select, "kernel_is_worth_keeping", lambda measurements: True)
+    monkeypatch.setattr(onnxfuse.select.measured, "kernel_is_worth_keeping", lambda measurements: True)
     source = two_groups(tmp_path / "two.onnx")
     result = optimize(source, tmp_path / "out" / "two.fused.onnx", cache_dir=kernel_cache, jobs=1,
                       select="measured", select_batches=(1, 4))
@@ -232,9 +232,9 @@ def test_groups_dropped_by_the_whole_model_check_leave_the_library(tmp_path, ker
     source = two_groups(tmp_path / "two.onnx")
     every = optimize(source, tmp_path / "all" / "two.fused.onnx", cache_dir=kernel_cache, jobs=1, select="all")
     kernels = {g["name"]: g["kernel"] for g in every.report["groups"]}
-    monkeypatch.setattr(onnxfuse.select, "kernel_is_worth_keeping", lambda measurements: True)
-    monkeypatch.setattr(onnxfuse.select.Measurement, "gain_us", property(lambda m: 0.0))  # ties: plan order
-    monkeypatch.setattr(onnxfuse.whole_model, "time_against_original", lambda original, fused, *args: (
+    monkeypatch.setattr(onnxfuse.select.measured, "kernel_is_worth_keeping", lambda measurements: True)
+    monkeypatch.setattr(onnxfuse.select.measured.Measurement, "gain_us", property(lambda m: 0.0))  # ties: plan order
+    monkeypatch.setattr(onnxfuse.select.whole_model, "time_against_original", lambda original, fused, *args: (
         [Comparison(1, 1, 1.1, 1.0, 1.1)] if kernels["group_0"] in fused.decode("latin-1") else
         [Comparison(1, 1, 1.0, 1.0, 1.0)]))
     result = optimize(source, tmp_path / "out" / "two.fused.onnx", cache_dir=kernel_cache, jobs=1,

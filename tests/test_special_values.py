@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx_builder import model, node
+from test_codegen import check_against_ort
 
 from onnxfuse.codegen.compile import compile_group
 from onnxfuse.target import resolve_target
-from onnx_builder import model, node
-
-from test_codegen import check_against_ort
 
 SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40, 88.5, -88.5, 1e4, -1e4, 3e38, -3e38,
                     0.5, -0.5, 2.5], np.float32)

@@ -11,13 +11,12 @@ import platform
 
 import pytest
 from click.testing import CliRunner
+from onnxfuse_cli.main import main
+from test_optimize import MODELS
 
 from onnxfuse.codegen import register_file
 from onnxfuse.errors import UsageError
 from onnxfuse.target import host_triple, resolve_target
-from onnxfuse_cli.main import main
-
-from test_optimize import MODELS
 
 
 @pytest.mark.parametrize("machine, triple", [

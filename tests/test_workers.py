@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-
-from onnxfuse.optimize import optimize
-from onnxfuse.workers import run_with_deadline
 from test_optimize import MODELS, assert_outputs_match, run_both
 from worker_tasks import crash, sleep_then, square
+
+from onnxfuse import optimize
+from onnxfuse.workers import run_with_deadline
 
 
 def failed(reason):
@@ -71,7 +71,7 @@ def test_tasks_run_in_process_when_workers_cannot_start(tmp_path):
 
 def test_optimize_from_a_piped_script_compiles_and_the_model_works(tmp_path):
     proc = _run_piped_script(
-        "from onnxfuse.optimize import optimize\n"
+        "from onnxfuse import optimize\n"
         f"r = optimize({str(MODELS / 'lstm_gate.onnx')!r}, 'g.fused.onnx', cache_dir=False, jobs=2)\n"
         "print(r.report['groups_compiled'], r.report['groups_fallback'])\n", tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]

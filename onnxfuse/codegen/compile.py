@@ -17,16 +17,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+import tvm
 from onnx import numpy_helper
 
-import tvm
-
-from ..errors import CompileError
+from ..errors import CompileError, short_reason
 from ..kernel_spec import KernelSpec, TensorSpec, serial_variant_name, small_variant_name
 from ..target import Target
 from . import bounds, nan_propagation, param_alignment, register_file, relax_import, schedule
 from .register_file import AVX512, RegisterFile
-from .relax_import import _short
 
 
 @dataclass
@@ -99,7 +97,7 @@ def _stage(name: str, stats: dict, fn):
     except CompileError:
         raise
     except Exception as exc:  # TVM raises many error types; the user gets one line
-        raise CompileError(f"{name}: {_short(exc)}") from exc
+        raise CompileError(f"{name}: {short_reason(exc)}") from exc
     finally:
         stats[f"seconds_{name}"] = round(time.perf_counter() - start, 4)
 
@@ -199,5 +197,5 @@ def _schedule_or_plain(func, registers: RegisterFile, allow_parallel: bool = Tru
     try:
         scheduled, stats = schedule.schedule_group(func, allow_parallel, max_duplication, small_batch, registers)
     except Exception as exc:  # a last-resort fallback: a valid kernel beats no kernel
-        scheduled, stats = func, schedule.ScheduleStats(skipped_steps=[f"whole schedule: {_short(exc)}"])
+        scheduled, stats = func, schedule.ScheduleStats(skipped_steps=[f"whole schedule: {short_reason(exc)}"])
     return param_alignment.element_aligned(nan_propagation.propagate_nan(scheduled)), stats

@@ -22,13 +22,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
-
 import tvm
+from onnx import numpy_helper
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
-from ..errors import CompileError
+from ..errors import CompileError, short_reason
 from ..kernel_spec import DerivedDim, Dim
 from .fast_math import FastMath
 from .legalize import CUSTOM_LEGALIZE, FoldShapeTake, NanSafeNegatedComparisons, UnfoldStackReductions
@@ -125,7 +124,7 @@ def _import(model: onnx.ModelProto) -> tvm.IRModule:
         try:
             return from_onnx(model, opset=opset, keep_params_in_input=False)
         except Exception as exc:  # the frontend raises many kinds of errors
-            raise CompileError(f"import: {_short(exc)}") from exc
+            raise CompileError(f"import: {short_reason(exc)}") from exc
 
 
 def _lift_constants(mod: tvm.IRModule, min_ndim: int = 1, first_index: int = 0):
@@ -229,17 +228,17 @@ def import_group(model: onnx.ModelProto, name: str, fast_math: bool = True) -> I
     try:
         mod, lifted = _lift_constants(ScalarOperands()(mod))
     except Exception as exc:
-        raise CompileError(f"lift constants: {_short(exc)}") from exc
+        raise CompileError(f"lift constants: {short_reason(exc)}") from exc
     try:
         mod = _simplify_and_legalize(mod, fast_math)
     except Exception as exc:
-        raise CompileError(f"legalize: {_short(exc)}") from exc
+        raise CompileError(f"legalize: {short_reason(exc)}") from exc
     _check_fully_legalized(mod)
     try:
         mod, late = _lift_constants(mod, min_ndim=0, first_index=len(lifted))
         lifted += late
     except Exception as exc:
-        raise CompileError(f"lift constants: {_short(exc)}") from exc
+        raise CompileError(f"lift constants: {short_reason(exc)}") from exc
     main = mod["main"]
     input_types = [t for p in main.params for t in _tensor_types(p.ty)]
     output_types = _tensor_types(main.ret_ty)
@@ -248,7 +247,7 @@ def import_group(model: onnx.ModelProto, name: str, fast_math: bool = True) -> I
     except CompileError:
         raise
     except Exception as exc:
-        raise CompileError(f"fuse: {_short(exc)}") from exc
+        raise CompileError(f"fuse: {short_reason(exc)}") from exc
 
     weight_names, extra = _source_names(model, lifted, name)
     sources = graph_input_names(model) + weight_names
@@ -272,13 +271,3 @@ def _check_fully_legalized(mod: tvm.IRModule) -> None:
     relax.analysis.post_order_visit(mod["main"].body, visit)
     if leftovers:
         raise CompileError(f"legalize: ops left outside TIR: {', '.join(sorted(leftovers))}")
-
-
-def _short(exc: BaseException) -> str:
-    """The first meaningful line of an exception, for one-line CompileError messages."""
-    text = str(exc).strip()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if "Error" in ln or "error" in ln:
-            return ln[:200]
-    return (lines[-1] if lines else type(exc).__name__)[:200]

@@ -14,7 +14,6 @@ onnxruntime's own Pow kernel computes them.
 from __future__ import annotations
 
 import numpy as np
-
 import tvm
 from tvm import relax
 

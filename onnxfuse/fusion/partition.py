@@ -55,9 +55,9 @@ class Group:
     members: list[int] = field(default_factory=list)
     anchored: bool = False
     keeps_rows: bool = True  # every reduction in the group keeps the batch axis
-    parent: "Group | None" = None
+    parent: Group | None = None
 
-    def root(self) -> "Group":
+    def root(self) -> Group:
         node = self
         while node.parent is not None:
             node = node.parent

@@ -14,6 +14,9 @@ import time
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from onnx.utils import Extractor
+
+from .timing import alternating_rounds, bound_call, timing_session
 
 PEAK_MATMUL_SIZE = 512  # a square float32 MatMul this large runs near the GEMM routine's peak
 PEAK_CALLS = 8
@@ -74,8 +77,6 @@ def gemm_only_model(model: onnx.ModelProto) -> onnx.ModelProto | None:
 
     Timed in onnxruntime next to the whole model, it is a measured floor: a fused kernel whose
     GEMMs run only as fast as onnxruntime's, with every other op free, is still this slow."""
-    from onnx.utils import Extractor
-
     outputs = [node.output[0] for node in model.graph.node if node.op_type in ("MatMul", "Gemm")]
     if not outputs:
         return None
@@ -133,8 +134,6 @@ def copy_bandwidth_gbs(megabytes: int = 256, repeats: int = 5) -> float:
 def _one_node_call(op_type: str, x: np.ndarray, output_shape, threads: int, weight: np.ndarray | None = None):
     """A timed call (bench's bound_call, like every timed call) of a one-node float32 model:
     `op_type`(x) or `op_type`(x, weight) with the weight as an initializer."""
-    from .bench import bound_call, timing_session
-
     inputs = ["x"] + (["w"] if weight is not None else [])
     weights = [numpy_helper.from_array(weight, "w")] if weight is not None else []
     graph = helper.make_graph([helper.make_node(op_type, inputs, ["y"])], f"one_{op_type}",
@@ -147,8 +146,6 @@ def _one_node_call(op_type: str, x: np.ndarray, output_shape, threads: int, weig
 def gemm_peak_gflops(threads: int, size: int = PEAK_MATMUL_SIZE, calls: int = PEAK_CALLS) -> float:
     """GFLOP/s of onnxruntime's own GEMM on a large square float32 MatMul at `threads` threads
     (best of `calls`): the practical compute peak both onnxruntime and our kernels are held to."""
-    from .bench import alternating_rounds
-
     rng = np.random.default_rng(0)
     weight = rng.standard_normal((size, size)).astype(np.float32)
     x = rng.standard_normal((size, size)).astype(np.float32)
@@ -162,8 +159,6 @@ def call_floor_us(threads: int, calls: int = CALL_FLOOR_CALLS) -> float:
     """Median µs of an onnxruntime call that does nothing (Identity of one float) at `threads`,
     called like every timed call (bench's bound_call): the fixed cost of a call from Python,
     which the kernel's side of every ratio pays too, whatever its kernel."""
-    from .bench import alternating_rounds
-
     call = _one_node_call("Identity", np.zeros(1, np.float32), (1,), threads)
     per_round = max(1, calls // CALL_FLOOR_ROUNDS)
     alternating_rounds([call], [per_round], 1)  # warm-up

@@ -16,10 +16,20 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..errors import first_line
+from ..fusion.plan import FusedGroup
+from ..ir import Graph
+from ..kernel_spec import GroupKernel
+from ..measure.inputs import random_feeds_for_session
+from ..measure.timing import alternating_rounds, best_of_three, bound_call, calls_per_round, has_symbolic_inputs, timing_session
+from ..package import package_model
+from ..report import whole_model_step_line
+
 TOLERANCE = 0.02  # slower by up to 2% counts as not slower: whole-model timings on a shared VM vary that much
 ROUNDS = 15
 MAX_READDS = 8  # dropped groups tried again one by one, most gain first: each try is one whole-model timing
 ROUND_SECONDS = 0.02  # whole models: longer rounds than per-group timing, to average over more calls
+TIMED_MODEL_LIMIT = 1_800_000_000  # bytes: a larger model cannot be serialized into one protobuf to time
 
 
 @dataclass(frozen=True)
@@ -137,10 +147,6 @@ def time_against_original(original: bytes, fused: bytes, library, batches: Seque
                           threads: Sequence[int]) -> list[Comparison]:
     """The fused model (with `library` registered) against the original, both ORT_ENABLE_ALL, in
     alternating rounds at every batch size (symbolic dims) and thread count."""
-    from .bench import alternating_rounds, bound_call, calls_per_round, has_symbolic_inputs, timing_session
-    from .feeds import random_feeds_for_session
-    from .select import best_of_three
-
     results = []
     for n_threads in threads:
         fused_session, original_session = timing_session(fused, n_threads, library), timing_session(original, n_threads)
@@ -154,3 +160,39 @@ def time_against_original(original: bytes, fused: bytes, library, batches: Seque
                                       statistics.median(ort_s) * 1e3,
                                       statistics.median(f / o for f, o in zip(fused_s, ort_s))))
     return results
+
+
+@dataclass
+class WholeModelVerdict:
+    """The groups the whole-model check drops (name → why) and what the report records of it."""
+
+    dropped: dict[str, str]
+    summary: dict
+
+
+def check_whole_model(graph: Graph, kept: dict[str, tuple[FusedGroup, GroupKernel]], gains: dict[str, float],
+                      library, target_name: str, batches: Sequence[int], threads: Sequence[int],
+                      note=lambda text: None) -> WholeModelVerdict:
+    """Drop kept groups, least gain first, while the whole fused model is slower than the original."""
+    if graph.model.ByteSize() > TIMED_MODEL_LIMIT:
+        return WholeModelVerdict({}, {"skipped": "the model is too large to time from memory"})
+    original = graph.model.SerializeToString()
+
+    def time_model(names):
+        fused = package_model(graph, [kept[n] for n in names], library.name, target_name)
+        return time_against_original(original, fused.SerializeToString(), library, batches, threads)
+
+    try:
+        steps = choose_kept(gains, time_model)
+    except Exception as exc:  # e.g. onnxruntime rejects random inputs for the whole model
+        return WholeModelVerdict({}, {"skipped": f"the whole model could not be timed: {first_line(exc)}"})
+    for step in steps:
+        note(whole_model_step_line(step.to_json()))
+    dropped = {}
+    for name, step in dropped_at(steps).items():
+        worst = step.worst
+        verdict = "tried again, not faster than onnxruntime" if step.readd else f"over the {TOLERANCE:.0%} tolerance"
+        dropped[name] = (f"dropped by the whole-model check: the model with it ran {worst.fused_ms:.4g} ms vs "
+                         f"onnxruntime {worst.onnxruntime_ms:.4g} ms (batch {worst.batch}, {worst.threads} threads; "
+                         f"{worst.ratio:.3f}× in paired rounds, {verdict})")
+    return WholeModelVerdict(dropped, {"tolerance": TOLERANCE, "steps": [s.to_json() for s in steps]})

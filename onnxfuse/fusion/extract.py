@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper, numpy_helper, version_converter
 
-from .errors import CompileError
-from .fusion.forward_graph import SHAPE_FROM_OUTPUT
-from .fusion.plan import FusedGroup
-from .ir import Graph, Value
+from ..errors import CompileError
+from ..ir import Graph, Value
+from .forward_graph import SHAPE_FROM_OUTPUT
+from .plan import FusedGroup
 
 
 def extract_group(graph: Graph, group: FusedGroup) -> onnx.ModelProto:
@@ -54,8 +54,6 @@ MIN_GROUP_OPSET = 13
 def _modernized(model: onnx.ModelProto) -> onnx.ModelProto:
     """Old opsets (attributes where inputs are now) are upgraded: TVM's frontend and onnxruntime
     both handle opset 13 best. A group the converter cannot upgrade stays as it was."""
-    from onnx import version_converter
-
     try:
         return version_converter.convert_version(model, MIN_GROUP_OPSET)
     except Exception:

@@ -15,22 +15,25 @@ kernel near either bound has little left to gain.
 from __future__ import annotations
 
 import statistics
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
 from onnx import helper
 
-from .fusion.plan import FusedGroup
-from .kernel_spec import DOMAIN, DOMAIN_VERSION
-from .package import GroupKernel, custom_op_node
-from .roofline import bytes_moved, multiply_add_flops, ratio_bound
+from ..fusion.extract import extract_group
+from ..fusion.plan import FusedGroup
+from ..kernel_spec import DOMAIN, DOMAIN_VERSION, GroupKernel
+from ..measure.inputs import random_feeds_for_session
+from ..measure.roofline import bytes_moved, call_floor_us, copy_bandwidth_gbs, gemm_peak_gflops, multiply_add_flops, ratio_bound
+from ..measure.timing import alternating_rounds, best_of_three, bound_call, calls_per_round, has_symbolic_inputs, timing_session
+from ..package import custom_op_node
 
 ROUNDS = 15
 ROUND_SECONDS = 0.004  # each contender runs about this long per round
 CLEARLY_SLOWER = 3.0
 NOISE = 0.02  # slower by up to 2% at one batch counts as not slower: timings on a shared VM vary that much
+COPY_MEGABYTES = 64  # the copy-bandwidth probe: past the L3 cache, and well under a second
 
 
 @dataclass(frozen=True)
@@ -103,9 +106,6 @@ def measure_group(
     threads: tuple[int, ...] = (1,),
 ) -> list[Measurement]:
     """Kernel vs onnxruntime on the group at every batch size (symbolic dims) and thread count."""
-    from .bench import bound_call, has_symbolic_inputs, timing_session
-    from .feeds import random_feeds_for_session
-
     kernel_proto = kernel_model(group, kernel, group_model)
     kernel_bytes = kernel_proto.SerializeToString()
     reference_bytes = group_model.SerializeToString()
@@ -136,21 +136,8 @@ def alternate_samples(contenders, once: list[float], rounds: int = ROUNDS,
                       round_seconds: float = ROUND_SECONDS) -> list[list[float]]:
     """Seconds per call of each contender, one sample per round, timed in alternating rounds
     (bench's timer); `once` is one call's seconds per contender, to size the rounds."""
-    from .bench import alternating_rounds, calls_per_round
-
     reps = [calls_per_round(o, round_seconds) for o in once]
     return alternating_rounds(contenders, reps, rounds)
-
-
-def best_of_three(run) -> float:
-    """Seconds of the fastest of three calls, after a warm-up call."""
-    run()
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def kernel_is_worth_keeping(measurements: list[Measurement]) -> bool:
@@ -160,3 +147,48 @@ def kernel_is_worth_keeping(measurements: list[Measurement]) -> bool:
     at batch 1000."""
     speedups = [m.speedup for m in measurements]
     return all(x >= 1 / (1 + NOISE) for x in speedups) and statistics.geometric_mean(speedups) > 1
+
+
+@dataclass
+class GroupVerdicts:
+    """What measured selection decided, without touching the caller's outcomes: each timed
+    group's measurements (report JSON), the groups to drop with why, and the gains of the kept."""
+
+    measured: dict[str, list[dict]] = field(default_factory=dict)
+    dropped: dict[str, str] = field(default_factory=dict)
+    gains_us: dict[str, float] = field(default_factory=dict)
+    copy_gbs: float = 0.0
+    gemm_peaks: dict[int, float] = field(default_factory=dict)
+    call_floors: dict[int, float] = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        return {"copy_bandwidth_gbs": self.copy_gbs,
+                "gemm_peak_gflops": {str(t): p for t, p in self.gemm_peaks.items()},
+                "call_floor_us": {str(t): us for t, us in self.call_floors.items()}}
+
+
+def judge_groups(graph, kernels: dict[str, tuple[FusedGroup, GroupKernel]], library: Path,
+                 batches: tuple[int, ...], threads: tuple[int, ...], note=lambda text: None) -> GroupVerdicts:
+    """Time every kernel (all in `library`) against onnxruntime on its group's own nodes and
+    decide which to keep (kernel_is_worth_keeping)."""
+    verdicts = GroupVerdicts(copy_gbs=copy_bandwidth_gbs(COPY_MEGABYTES))
+    for name, (group, kernel) in kernels.items():
+        measurements = measure_group(group, kernel, extract_group(graph, group), library, batches, threads)
+        for m in measurements:  # the GEMM peak and an empty call's cost, once per thread count that needs them
+            if m.flops and m.threads not in verdicts.gemm_peaks:
+                verdicts.gemm_peaks[m.threads] = gemm_peak_gflops(m.threads)
+                verdicts.call_floors[m.threads] = call_floor_us(m.threads)
+        verdicts.measured[name] = [m.to_json(verdicts.copy_gbs, verdicts.gemm_peaks.get(m.threads),
+                                             verdicts.call_floors.get(m.threads, 0.0)) for m in measurements]
+        keep = kernel_is_worth_keeping(measurements)
+        if keep:
+            verdicts.gains_us[name] = sum(m.gain_us for m in measurements)
+        else:
+            slowest = min(measurements, key=lambda m: m.speedup)
+            verdicts.dropped[name] = (
+                f"measured: onnxruntime is faster ({slowest.onnxruntime_us:.1f} µs vs {slowest.kernel_us:.1f} µs, "
+                f"{slowest.speedup:.2f}x, at batch {slowest.batch}, {slowest.threads} threads)")
+        note(f"{name}: " + ", ".join(
+            f"batch {m.batch}×{m.threads}t: kernel {m.kernel_us:.1f} µs vs onnxruntime {m.onnxruntime_us:.1f} µs"
+            for m in measurements) + ("" if keep else " → onnxruntime kept"))
+    return verdicts

@@ -1,4 +1,4 @@
-"""Random inputs for a model, so two models can be compared without user data.
+"""Inputs for a model: its declared inputs, and random ones so two models can be compared without user data.
 
 Integers are drawn small and non-negative: integer inputs are usually indices or counts, and a
 comparison is only useful if the reference model accepts the input.
@@ -6,7 +6,11 @@ comparison is only useful if the reference model accepts the input.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import numpy as np
+import onnx
 
 ORT_TYPES = {
     "tensor(float)": "float32", "tensor(double)": "float64", "tensor(float16)": "float16",
@@ -42,3 +46,38 @@ def random_feeds_for_session(session, dims: dict[str, int] | None = None, defaul
         shape = concrete_shape(arg.shape or [], dims or {}, default_dim)
         feeds[arg.name] = random_array(ORT_TYPES[arg.type], shape, rng)
     return feeds
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    dtype: str
+    shape: tuple  # ints, or strings/None for symbolic dimensions
+
+    def concrete(self, batch: int) -> tuple[int, ...]:
+        """Symbolic (batch) dimensions take `batch`."""
+        return tuple(d if isinstance(d, int) and d > 0 else batch for d in self.shape)
+
+
+def model_inputs(model_path) -> list[InputSpec]:
+    """The model's real inputs (initializers listed as inputs by old IR versions excluded)."""
+    model = onnx.load(str(model_path), load_external_data=False)
+    weights = {t.name for t in model.graph.initializer}
+    specs = []
+    for value in model.graph.input:
+        if value.name in weights:
+            continue
+        tensor = value.type.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
+        specs.append(InputSpec(value.name, onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name, dims))
+    return specs
+
+
+def random_inputs(specs: Sequence[InputSpec], batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded per batch size: floats standard normal, integers small and non-negative."""
+    rng = np.random.default_rng([seed, batch])
+    return {s.name: random_array(s.dtype, s.concrete(batch), rng) for s in specs}
+
+
+def has_symbolic_batch(specs: Sequence[InputSpec]) -> bool:
+    return any(not (isinstance(d, int) and d > 0) for s in specs for d in s.shape)

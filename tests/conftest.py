@@ -1,0 +1,36 @@
+"""What many test files share: the bundled models, one kernel cache per test worker, and running
+an original and its fused model side by side in onnxruntime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import onnxfuse
+from onnxfuse.session import quiet_session_options
+from onnxfuse.verify import compare_arrays
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory):
+    """One kernel cache per test worker: tests that optimize the same model share kernels."""
+    return tmp_path_factory.mktemp("kernel-cache")
+
+
+def run_both(original: Path, fused: Path, feeds: dict) -> tuple[list, list]:
+    """The original under plain onnxruntime and the fused model with its library, on `feeds`."""
+    reference = ort.InferenceSession(str(original), quiet_session_options(), providers=["CPUExecutionProvider"])
+    candidate = onnxfuse.InferenceSession(str(fused), quiet_session_options(), providers=["CPUExecutionProvider"])
+    return reference.run(None, feeds), candidate.run(None, feeds)
+
+
+def assert_outputs_match(expected, actual, rtol=1e-4, atol=1e-5):
+    assert len(expected) == len(actual)
+    for k, (e, a) in enumerate(zip(expected, actual)):
+        cmp = compare_arrays(f"output {k}", np.asarray(e), np.asarray(a), rtol, atol)
+        assert cmp.ok, f"output {k}: max abs error {cmp.max_abs_error}"

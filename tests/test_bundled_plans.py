@@ -1,0 +1,40 @@
+"""The fusion plan of every bundled model, pinned: how many kernels each becomes and how large.
+
+A change to the fusion rules that splits a cell or a tree chain shows up here as a changed row,
+not only as a slower benchmark (the style of tinygrad's check_schedule).
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import MODELS
+
+import onnxfuse
+
+# model → (ops per group in plan order, nodes left to onnxruntime)
+EXPECTED = {
+    "concat_exit": ([5], 0),
+    "conv_block": ([3, 4], 0),
+    "diamond": ([5], 0),
+    "gru_cell": ([17], 0),
+    "lstm_cell": ([14], 0),
+    "lstm_gate": ([7], 0),
+    "perf_tree_trav_d3": ([27], 0),
+    "perf_tree_trav_d8": ([72], 0),
+    "transformer_mlp": ([9, 7, 3], 0),
+    "tree_ensemble_d8": ([], 1),  # one ONNX-ML TreeEnsemble op: opaque
+    "tree_trav_d3": ([47], 4),  # the 4 left compute the index's shape
+    "tree_trav_d8": ([117], 4),
+}
+
+
+def test_every_bundled_model_is_pinned():
+    assert sorted(p.stem for p in MODELS.glob("*.onnx")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_bundled_model_plan(name):
+    plan = onnxfuse.plan(MODELS / f"{name}.onnx")
+    sizes, unfused = EXPECTED[name]
+    assert [len(g.node_indices) for g in plan.groups] == sizes
+    assert len(plan.unfused) == unfused
