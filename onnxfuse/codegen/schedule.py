@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import s_tir
 
-from . import tir_walk
+from . import ieee_order, tir_walk
 from .register_file import AVX512, RegisterFile
 
 TILE_ELEMENTS = 8192  # elements of the widest intermediate row block kept per tile
@@ -587,8 +587,8 @@ def schedule_loop_nests(sch, stats: ScheduleStats, registers: RegisterFile, done
 
 
 def simplify(func):
-    mod = tvm.IRModule({"main": func})
-    mod = s_tir.transform.StmtSimplify()(mod)
+    """TVM's simplifier on index arithmetic only: float values keep their order (ieee_order)."""
+    mod = ieee_order.simplify_indices(tvm.IRModule({"main": func}), s_tir.transform.StmtSimplify())
     return mod["main"]
 
 
