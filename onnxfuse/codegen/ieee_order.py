@@ -51,10 +51,10 @@ def _fenced(node):
 
 def _is_fence(expr) -> bool:
     """`reinterpret(f, reinterpret(uN, x))` with x of type f: one of our fences."""
-    if not (isinstance(expr, tirx.Call) and expr.op.same_as(_REINTERPRET)):
+    if not (isinstance(expr, tvm.ir.Call) and expr.op.same_as(_REINTERPRET)):
         return False
     inner = expr.args[0]
-    if not (isinstance(inner, tirx.Call) and inner.op.same_as(_REINTERPRET)):
+    if not (isinstance(inner, tvm.ir.Call) and inner.op.same_as(_REINTERPRET)):
         return False
     bits = tvm.runtime.DataType(str(inner.ty.dtype))
     return (bits.type_code == tvm.runtime.DataTypeCode.UINT
@@ -72,7 +72,7 @@ def fence(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
 
 def unfence(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """`func` without the fences fence() put in (the expressions as they were)."""
-    return tvm_ffi.structural_map(func, [(tirx.Call, _unfenced)], order="post")
+    return tvm_ffi.structural_map(func, [(tvm.ir.Call, _unfenced)], order="post")
 
 
 def simplify_indices(mod: tvm.IRModule, simplify_pass) -> tvm.IRModule:
