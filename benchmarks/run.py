@@ -109,7 +109,8 @@ def bench_one(path: Path, options: BenchOptions, results: list, failures: list, 
     name = kwargs.pop("name", path.name.removesuffix(".onnx"))
     started = time.perf_counter()
     try:
-        results.append(bench_model(path, options=options, name=name, work_dir=WORK / re.sub(r"[^\w.-]+", "_", name), log=log, **kwargs))
+        work_dir = WORK / re.sub(r"[^\w.-]+", "_", name)
+        results.append(bench_model(path, options=options, name=name, work_dir=work_dir, log=log, **kwargs))
     except OnnxfuseError as exc:
         failures.append({"model": name, "error": str(exc)})
         log(f"{name}: FAILED: {exc}")
@@ -258,9 +259,11 @@ def write_results(stem: str, report: dict, tables: list[str], markdown: list[str
             f"TVM {machine.get('tvm', '?')}. Median {unit} per call over alternating rounds, each started once the "
             f"previous contender's pool threads were idle; onnxruntime sessions with pool spinning off (see "
             f"onnxfuse/bench.py), called through IOBinding (inputs and outputs bound once), except rows marked [session.run]; "
-            f"(N×) = median over rounds of onnxruntime's time / the contender's in the same round; ≈ = one call (too slow for rounds). Took {seconds / 60:.1f} min.")
+            f"(N×) = median over rounds of onnxruntime's time / the contender's in the same round; "
+            f"≈ = one call (too slow for rounds). Took {seconds / 60:.1f} min.")
     failed = [f"- {f['model']}: {f['error']}" for f in failures]
-    write_text_atomic(RESULTS / f"{stem}.md", "\n\n".join([head, *markdown, *(["Failed:\n" + "\n".join(failed)] if failed else [])]) + "\n")
+    failures = ["Failed:\n" + "\n".join(failed)] if failed else []
+    write_text_atomic(RESULTS / f"{stem}.md", "\n\n".join([head, *markdown, *failures]) + "\n")
     print(head)
     for table in tables:
         print()

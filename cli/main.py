@@ -75,7 +75,8 @@ def inspect(model: str, max_depth: int, max_inputs: int, max_duplication: int, a
 @click.option("-j", "--jobs", type=click.IntRange(min=1), help="Groups compiled in parallel (default: CPU count).")
 @click.option("--compile-timeout", type=click.FloatRange(min=1), default=600, show_default=True, metavar="SECONDS",
               help="A group still compiling after this long falls back to onnxruntime.")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write what was fused, compiled and why not as JSON.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False),
+              help="Write what was fused, compiled and why not as JSON.")
 @click.option("--cache-dir", type=click.Path(file_okay=False),
               help="Kernel cache (default: $ONNXFUSE_CACHE_DIR or ~/.cache/onnxfuse).")
 @click.option("--no-cache", is_flag=True, help="Compile every kernel afresh.")
@@ -102,7 +103,8 @@ def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, max_dupl
         model, output, target=target, mcpu=mcpu, mattr=mattr, max_depth=max_depth, max_inputs=max_inputs,
         max_duplication=max_duplication,
         jobs=jobs, cache_dir=False if no_cache else (cache_dir or True), verify=not no_verify,
-        select=select, select_batches=parse_sizes(select_batches, "--select-batch"), threads=parse_sizes(threads, "--threads"), compile_timeout=compile_timeout,
+        select=select, select_batches=parse_sizes(select_batches, "--select-batch"),
+        threads=parse_sizes(threads, "--threads"), compile_timeout=compile_timeout,
         progress=Progress(enabled=not quiet),
     )
     report = result.report

@@ -309,7 +309,8 @@ def format_compile_table(results: Sequence[ModelBench], markdown: bool = False) 
     rows = []
     for r in results:
         opt = r.compile.get("optimize")
-        opt_s = f"{opt['seconds']:.1f}" + (f" ({opt['groups_cached']} cached)" if opt.get("groups_cached") else "") if opt else "—"
+        cached = f" ({opt['groups_cached']} cached)" if opt and opt.get("groups_cached") else ""
+        opt_s = f"{opt['seconds']:.1f}{cached}" if opt else "—"
         groups = (f"{opt['groups_total']} ({opt['fused_node_count']}/{opt['node_count']})" if opt else "—")
         builds = r.compile.get("tvm_build_seconds", {})
         tvm_s = ", ".join(f"b{b}: {v:.1f}" if isinstance(v, (int, float)) else f"b{b}: n/a" for b, v in builds.items()) or "—"

@@ -94,6 +94,7 @@ def verify_models(
         actual = candidate.run(None, feeds)
         for meta, e, a in zip(reference.get_outputs(), expected, actual):
             cmp = compare_arrays(meta.name, np.asarray(e), np.asarray(a), rtol, atol, norm_rtol)
-            if meta.name not in worst or (not cmp.ok, cmp.max_abs_error) > (not worst[meta.name].ok, worst[meta.name].max_abs_error):
+            before = worst.get(meta.name)
+            if before is None or (not cmp.ok, cmp.max_abs_error) > (not before.ok, before.max_abs_error):
                 worst[meta.name] = cmp
     return VerifyResult(len(feed_sets), list(worst.values()))

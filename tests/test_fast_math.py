@@ -53,7 +53,8 @@ def test_non_float32_is_left_alone():
     mod = relax_import._import(m)
     names = []
     relax.analysis.post_order_visit(FastMath()(mod)["main"].body,
-                                    lambda e: names.append(e.op.name) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
+                                    lambda e: names.append(e.op.name)
+                                    if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
     assert names == ["relax.exp"]
 
 

@@ -103,7 +103,8 @@ def test_two_anchors_meeting_at_an_elementwise_sink_share_a_group():
 
 def test_anchor_chain_does_not_merge_two_matmuls_in_sequence():
     m = model(
-        [node("MatMul", ["x", "w1"], "m1"), node("Relu", ["m1"], "r"), node("MatMul", ["r", "w2"], "m2"), node("Relu", ["m2"], "y")],
+        [node("MatMul", ["x", "w1"], "m1"), node("Relu", ["m1"], "r"),
+         node("MatMul", ["r", "w2"], "m2"), node("Relu", ["m2"], "y")],
         X, {"y": (4, 8)}, {"w1": weights(8, 8), "w2": weights(8, 8)},
     )
     assert groups(m) == [{"m1", "r"}, {"m2", "y"}]

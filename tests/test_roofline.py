@@ -22,7 +22,8 @@ def test_bytes_moved_counts_inputs_weights_and_outputs_like_numpy():
     m = model([node("MatMul", ["x", "w"], "y")], {"x": ("N", 16)}, {"y": ("N", 8)}, {"w": w, "idx": idx})
     x = np.zeros((5, 16), np.float32)
     y = x @ w
-    assert bytes_moved(m, {"x": x}, [y]) == x.nbytes + w.nbytes + idx.nbytes + y.nbytes == 5 * 16 * 4 + 16 * 8 * 4 + 3 * 8 + 5 * 8 * 4
+    moved = bytes_moved(m, {"x": x}, [y])
+    assert moved == x.nbytes + w.nbytes + idx.nbytes + y.nbytes == 5 * 16 * 4 + 16 * 8 * 4 + 3 * 8 + 5 * 8 * 4
 
 
 def test_flops_of_a_matmul_chain_follow_the_batch():

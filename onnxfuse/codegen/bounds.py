@@ -50,7 +50,8 @@ def _index_conditions(block) -> list:
                     continue
                 seen.add(key)
                 zero = tirx.const(0, index.ty.dtype if hasattr(index, "ty") else "int64")
-                extent = tirx.Cast(index.ty.dtype, extent) if hasattr(index, "ty") and str(extent.ty.dtype) != str(index.ty.dtype) else extent
+                if hasattr(index, "ty") and str(extent.ty.dtype) != str(index.ty.dtype):
+                    extent = tirx.Cast(index.ty.dtype, extent)
                 conditions.append(tirx.all(zero <= index, index < extent))
     return conditions
 

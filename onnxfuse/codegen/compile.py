@@ -23,7 +23,7 @@ from onnx import numpy_helper
 from ..errors import CompileError, short_reason
 from ..kernel_spec import KernelSpec, TensorSpec, serial_variant_name, small_variant_name
 from ..target import Target
-from . import bounds, nan_propagation, param_alignment, register_file, relax_import, schedule
+from . import bounds, ieee_order, nan_propagation, param_alignment, reduction_identities, register_file, relax_import, schedule
 from .register_file import AVX512, RegisterFile
 
 
@@ -108,9 +108,11 @@ BUILD_CONFIG = {"s_tir.LoopPartition": {"partition_const_loop": True}}
 
 
 def build_module(funcs: dict, tvm_target):
-    """Builds PrimFuncs (name → func, each with its global_symbol) into one module."""
+    """Builds PrimFuncs (name → func, each with its global_symbol) into one module. Float values
+    are fenced from the simplifier passes of TVM's lowering (ieee_order); LLVM drops the fences."""
+    fenced = {name: ieee_order.fence(func) for name, func in funcs.items()}
     with tvm.transform.PassContext(opt_level=3, config=BUILD_CONFIG):
-        return tvm.compile(tvm.IRModule(funcs), target=tvm_target)
+        return tvm.compile(tvm.IRModule(fenced), target=tvm_target)
 
 
 def build_object(funcs: dict, name: str, target: Target, out_dir: pathlib.Path) -> pathlib.Path:
@@ -192,10 +194,11 @@ def compile_group(
 def _schedule_or_plain(func, registers: RegisterFile, allow_parallel: bool = True,
                        max_duplication: int = schedule.DEFAULT_MAX_DUPLICATION, small_batch: bool = False):
     """The tuned schedule, or (if TVM rejects it as a whole) the unscheduled function; either
-    way with parameters at element alignment (param_alignment) and max/min propagating NaN
-    (nan_propagation)."""
+    way with parameters at element alignment (param_alignment), max/min propagating NaN
+    (nan_propagation) and min/max reductions starting from ±inf (reduction_identities)."""
     try:
         scheduled, stats = schedule.schedule_group(func, allow_parallel, max_duplication, small_batch, registers)
     except Exception as exc:  # a last-resort fallback: a valid kernel beats no kernel
         scheduled, stats = func, schedule.ScheduleStats(skipped_steps=[f"whole schedule: {short_reason(exc)}"])
-    return param_alignment.element_aligned(nan_propagation.propagate_nan(scheduled)), stats
+    ieee = reduction_identities.start_from_infinity(nan_propagation.propagate_nan(scheduled))
+    return param_alignment.element_aligned(ieee), stats

@@ -1,6 +1,6 @@
 """ONNX group → Relax → exactly one fused PrimFunc.
 
-Steps (see /work/shared/notes/tvm-0.27.md, "One fused kernel per group"):
+Steps (why each is needed: docs/codegen.md):
 1. `from_onnx` imports the group; shape-like initializers (Reshape shape, Slice starts, axes...)
    are consumed by the frontend at import time and so end up embedded. One-element constant
    operands become scalars (scalar_operands), so they stay embedded too.
@@ -29,6 +29,7 @@ from tvm.relax.frontend.onnx import from_onnx
 
 from ..errors import CompileError, short_reason
 from ..kernel_spec import DerivedDim, Dim
+from . import onnx_semantics
 from .fast_math import FastMath
 from .legalize import CUSTOM_LEGALIZE, FoldShapeTake, NanSafeNegatedComparisons, UnfoldStackReductions
 from .scalar_operands import ScalarOperands
@@ -224,7 +225,7 @@ def graph_input_names(model: onnx.ModelProto) -> list[str]:
 
 
 def import_group(model: onnx.ModelProto, name: str, fast_math: bool = True) -> ImportedGroup:
-    mod = _import(model)
+    mod = _import(onnx_semantics.as_onnxruntime_computes(model))
     try:
         mod, lifted = _lift_constants(ScalarOperands()(mod))
     except Exception as exc:

@@ -9,6 +9,11 @@ onnxruntime). As a rank-0 constant, legalization embeds it as an immediate inste
 This is exact: the constant has one element, and the other operand has at least its rank, so
 broadcasting gives the same shape. Powers 1, 2 and 3 of floats then become multiplies, as
 onnxruntime's own Pow kernel computes them.
+
+Except a float zero added, multiplied or divided: TVM folds `x * 0.0` to 0, `0.0 / x` to 0 and
+`x + 0.0` to x as it builds the expression, which is wrong for NaN, ±inf and -0. Such a zero
+stays (or becomes) a one-element tensor, which import lifts into an argument: a load, which
+nothing folds.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ BROADCAST_BINARY_OPS = frozenset(
     ).split()
 )
 POWERS_AS_MULTIPLIES = (1.0, 2.0, 3.0)
+ZERO_FOLDING_OPS = frozenset({"relax.add", "relax.multiply", "relax.divide"})  # folded as TVM builds them
 
 
 def _constant_array(expr) -> np.ndarray | None:
@@ -50,6 +56,24 @@ def as_scalar(operand, other):
     return relax.const(array.reshape(()), str(array.dtype))
 
 
+def _is_float_zero(array) -> bool:
+    return array is not None and array.size == 1 and array.dtype.kind == "f" and float(array.reshape(())) == 0.0
+
+
+def as_tensor(operand, other):
+    """A rank-0 constant as a one-element tensor if `other` has a rank to broadcast it against."""
+    array = _constant_array(operand)
+    if array is None or array.ndim or not _ndim(other):
+        return operand
+    return relax.const(array.reshape((1,)), str(array.dtype))
+
+
+def _operand(op: str, operand, other):
+    if op in ZERO_FOLDING_OPS and _is_float_zero(_constant_array(operand)):
+        return as_tensor(operand, other)
+    return as_scalar(operand, other)
+
+
 @relax.expr_functor.mutator
 class _ScalarOperandRewriter(relax.PyExprMutator):
     def visit_call_(self, call):
@@ -58,7 +82,7 @@ class _ScalarOperandRewriter(relax.PyExprMutator):
         if op not in BROADCAST_BINARY_OPS or len(call.args) != 2:
             return call
         lhs, rhs = call.args
-        new_lhs, new_rhs = as_scalar(lhs, rhs), as_scalar(rhs, lhs)
+        new_lhs, new_rhs = _operand(op, lhs, rhs), _operand(op, rhs, lhs)
         if op == "relax.power":
             product = self._power_as_product(new_lhs, new_rhs)
             if product is not None:

@@ -1,6 +1,6 @@
 """The CPU schedule for one fused group PrimFunc.
 
-Why this shape (see /work/shared/notes/tvm-0.27.md, "Scheduling without the expression blowup"):
+Why this shape (measured; docs/codegen.md keeps the numbers):
 - StmtSimplify first, so reshape indices (`% (N*T)`) do not stop compute_at from bounding regions.
 - Inline only producers that are re-emitted at most max_duplication times (default: read once),
   and pure index copies (reshape/split/slice): inlining a value read k times re-expands it k
@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import s_tir
 
-from . import tir_walk
+from ..errors import short_reason
+from . import ieee_order, tir_walk
 from .register_file import AVX512, RegisterFile
 
 TILE_ELEMENTS = 8192  # elements of the widest intermediate row block kept per tile
@@ -78,7 +79,7 @@ def _try(stats: ScheduleStats, what: str, step) -> bool:
         step()
         return True
     except Exception as exc:  # noqa: BLE001 - TVM reports refusals with several error types
-        stats.skipped_steps.append(f"{what}: {str(exc).strip().splitlines()[-1][:120] if str(exc).strip() else type(exc).__name__}")
+        stats.skipped_steps.append(f"{what}: {short_reason(exc, 120)}")
         return False
 
 
@@ -267,7 +268,8 @@ def compute_under_tile(sch, stats: ScheduleStats, anchors, tile_loop) -> None:
     for block_rv in _blocks(sch):
         name = sch.get(block_rv).name_hint
         if name in outputs and name not in moved:
-            if _try(stats, f"reverse_compute_at {name}", lambda: sch.reverse_compute_at(block_rv, tile_loop, preserve_unit_loops=True)):
+            if _try(stats, f"reverse_compute_at {name}",
+                    lambda: sch.reverse_compute_at(block_rv, tile_loop, preserve_unit_loops=True)):
                 stats.computed_at += 1
 
 
@@ -416,7 +418,8 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile
     holder = {}
     if _try(stats, f"cache_write {name}", lambda: holder.update(wb=sch.cache_write(block_rv, 0, "local"))):
         writeback = holder["wb"]
-        if _try(stats, f"reverse_compute_at {name}", lambda: sch.reverse_compute_at(writeback, col_parts[0], preserve_unit_loops=True)):
+        if _try(stats, f"reverse_compute_at {name}",
+                lambda: sch.reverse_compute_at(writeback, col_parts[0], preserve_unit_loops=True)):
             vectorize_elementwise(sch, stats, writeback, registers)
     stats.reductions_scheduled += 1
     if _try(stats, f"vectorize {name}", lambda: sch.vectorize(col_parts[2])):
@@ -546,7 +549,8 @@ def factor_row_reductions(sch, stats: ScheduleStats, registers: RegisterFile) ->
         name = block.name_hint
         parts = _split(sch, stats, loops[-1], [None, lanes], f"split reduction {name}")
         holder = {}
-        if parts is not None and _try(stats, f"rfactor {name}", lambda: holder.update(rf=sch.rfactor(parts[1], len(block.writes[0].region)))):
+        factor = lambda: holder.update(rf=sch.rfactor(parts[1], len(block.writes[0].region)))
+        if parts is not None and _try(stats, f"rfactor {name}", factor):
             stats.reductions_factored += 1
             factored.append((sch.get(holder["rf"]).name_hint, name))
     return factored
@@ -587,8 +591,8 @@ def schedule_loop_nests(sch, stats: ScheduleStats, registers: RegisterFile, done
 
 
 def simplify(func):
-    mod = tvm.IRModule({"main": func})
-    mod = s_tir.transform.StmtSimplify()(mod)
+    """TVM's simplifier on index arithmetic only: float values keep their order (ieee_order)."""
+    mod = ieee_order.simplify_indices(tvm.IRModule({"main": func}), s_tir.transform.StmtSimplify())
     return mod["main"]
 
 
@@ -669,6 +673,7 @@ def hint_tail_partition(sch, stats: ScheduleStats) -> None:
             continue
         for loop in list(sch.get_loops(block_rv))[1:]:
             node = sch.get(loop)
-            if node.kind != tvm.tirx.ForKind.SERIAL or _static(node.extent) in (None, 1) or "pragma_loop_partition_hint" in node.annotations:
+            hinted = "pragma_loop_partition_hint" in node.annotations
+            if node.kind != tvm.tirx.ForKind.SERIAL or _static(node.extent) in (None, 1) or hinted:
                 continue
             _try(stats, "partition hint", lambda: sch.annotate(loop, "pragma_loop_partition_hint", 1))

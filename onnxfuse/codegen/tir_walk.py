@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import tvm
 
 TensorLoad = tvm.ir.TensorLoad
-_CHILD_FIELDS = ("a", "b", "value", "condition", "true_value", "false_value", "args", "indices", "base", "stride", "vectors", "body")
+_CHILD_FIELDS = ("a", "b", "value", "condition", "true_value", "false_value", "args", "indices", "base", "stride",
+                 "vectors", "body")
 
 
 def _children(node) -> Iterator:

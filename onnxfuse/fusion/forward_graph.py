@@ -204,7 +204,8 @@ def _add_edges(fg: ForwardGraph) -> None:
                 pattern = epilogue = OpKind.OPAQUE
             else:
                 pattern, epilogue = consumer.kind, consumer.epilogue_kind
-                if pattern == OpKind.BROADCAST and value.shape is not None and value.shape == out_shape and None not in value.shape:
+                same_shape = value.shape is not None and value.shape == out_shape and None not in value.shape
+                if pattern == OpKind.BROADCAST and same_shape:
                     pattern = epilogue = OpKind.ELEMWISE
             src = fg.pos(value.producer)
             if src in edges:

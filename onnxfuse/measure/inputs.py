@@ -36,7 +36,8 @@ def concrete_shape(shape, dims: dict[str, int], default: int) -> tuple[int, ...]
                  for d in shape)
 
 
-def random_feeds_for_session(session, dims: dict[str, int] | None = None, default_dim: int = 3, seed: int = 0) -> dict[str, np.ndarray]:
+def random_feeds_for_session(session, dims: dict[str, int] | None = None, default_dim: int = 3,
+                             seed: int = 0) -> dict[str, np.ndarray]:
     """Random inputs matching an onnxruntime session's declared inputs."""
     rng = np.random.default_rng(seed)
     feeds = {}

@@ -1,8 +1,8 @@
 /*
  * The host-side slice of the onnxruntime C API that the test host (ort_host.c) uses, on top of
  * the project's own onnxfuse/runtime/ort_abi.h (which declares the custom-op side and the
- * ORT_API_FN slot mechanism). Written from /work/shared/notes/ort-custom-op-abi.md: same slot
- * table, the session/env/tensor entries a program that *runs* a model needs.
+ * ORT_API_FN slot mechanism): the same slot table (docs/runtime.md), with the session, env and
+ * tensor entries a program that *runs* a model needs.
  */
 #ifndef ONNXFUSE_ORT_HOST_ABI_H
 #define ONNXFUSE_ORT_HOST_ABI_H

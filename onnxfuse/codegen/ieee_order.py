@@ -1,0 +1,82 @@
+"""Keeps TVM's arithmetic simplifier off floating-point values, so a kernel computes every float
+expression in the order the model wrote it (IEEE semantics, as onnxruntime does).
+
+Why: TVM's simplifier (the `StmtSimplify` passes, ours in schedule.simplify and the two in
+`tvm.compile`'s default TIR pipeline) applies ring identities to expressions of every type. On
+floats they are wrong: `(a + b) - b` became `a` (1 where onnxruntime gives 0 for a = 1,
+b = 1e8), `x - x` and `x * 0` became 0 (NaN for NaN or ±inf), `a - (b + a)` became `-b` (-3e38
+where the sum overflows to -inf). No pass option turns this off, and index arithmetic needs the
+simplifier (schedule.py: reshape's `% (N*T)` must go before compute_at can bound a tile).
+
+So every float operand of an arithmetic or comparison node is fenced: wrapped in a round trip
+through an unsigned integer of the same width, `reinterpret(f, reinterpret(u, x))`. The
+simplifier knows nothing of `reinterpret`, so no rule matches across a fence, while it still
+simplifies the integer indices of the loads inside. Left and right operands get different
+fences (the right one is fenced twice), so `x - x` is no longer two equal operands. LLVM folds
+each bitcast pair away: the machine code is the same, without the rewrites.
+
+fence() runs before every simplification; unfence() takes our fences off again where our own
+schedule needs to read the expressions (GEMM detection, expression sizes). fast_math's own
+round trip goes through a signed integer and is left alone.
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+_ARITHMETIC = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Mod, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max)
+_COMPARISONS = (tirx.EQ, tirx.NE, tirx.LT, tirx.LE, tirx.GT, tirx.GE)
+_REINTERPRET = tvm.ir.Op.get("tirx.reinterpret")
+
+
+def _float_type(expr):
+    dtype = tvm.runtime.DataType(str(expr.ty.dtype))
+    return dtype if dtype.type_code == tvm.runtime.DataTypeCode.FLOAT else None
+
+
+def _through_bits(expr, dtype):
+    unsigned = f"uint{dtype.bits}" + (f"x{dtype.lanes}" if dtype.lanes > 1 else "")
+    return tirx.reinterpret(str(dtype), tirx.reinterpret(unsigned, expr))
+
+
+def _fenced(node):
+    a, b = node.a, node.b
+    dtype = _float_type(a)
+    if dtype is None:
+        return node
+    return type(node)(_through_bits(a, dtype), _through_bits(_through_bits(b, dtype), dtype))
+
+
+def _is_fence(expr) -> bool:
+    """`reinterpret(f, reinterpret(uN, x))` with x of type f: one of our fences."""
+    if not (isinstance(expr, tvm.ir.Call) and expr.op.same_as(_REINTERPRET)):
+        return False
+    inner = expr.args[0]
+    if not (isinstance(inner, tvm.ir.Call) and inner.op.same_as(_REINTERPRET)):
+        return False
+    bits = tvm.runtime.DataType(str(inner.ty.dtype))
+    return (bits.type_code == tvm.runtime.DataTypeCode.UINT
+            and str(inner.args[0].ty.dtype) == str(expr.ty.dtype) and _float_type(expr) is not None)
+
+
+def _unfenced(call):
+    return call.args[0].args[0] if _is_fence(call) else call
+
+
+def fence(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """`func` with every float operand of +, -, *, /, %, min, max and comparisons fenced."""
+    return tvm_ffi.structural_map(func, [(_ARITHMETIC + _COMPARISONS, _fenced)], order="post")
+
+
+def unfence(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """`func` without the fences fence() put in (the expressions as they were)."""
+    return tvm_ffi.structural_map(func, [(tvm.ir.Call, _unfenced)], order="post")
+
+
+def simplify_indices(mod: tvm.IRModule, simplify_pass) -> tvm.IRModule:
+    """Runs `simplify_pass` on `mod` with every PrimFunc fenced, then takes the fences off."""
+    fenced = tvm.IRModule({gv: fence(f) for gv, f in mod.functions_items()})
+    simplified = simplify_pass(fenced)
+    return tvm.IRModule({gv: unfence(f) for gv, f in simplified.functions_items()})

@@ -1,0 +1,170 @@
+"""ONNX-level rewrites of a group, before TVM imports it, where TVM's importer gives an op another
+meaning than onnxruntime does. Each rewrite states the op in plain ONNX ops that the importer
+translates faithfully.
+
+1. Clip with a bound left out: onnxruntime (and the spec) clamp to the type's lowest and
+   largest finite value, so +inf becomes 3.4e38 (float32); TVM's importer leaves that side
+   unbounded. The missing bounds are written in. An explicit ±inf or NaN bound stays
+   unbounded in both.
+2. Cast from a float to an integer type: TVM's importer turns NaN and ±inf into 0 and wraps
+   out-of-range values modulo 2^bits (and for 64 bits leaves them undefined). onnxruntime on
+   x86-64 converts as the CPU's truncating conversion does (`cvttss2si`/`cvttsd2si`), measured
+   with onnxruntime 1.31 for every integer type:
+   - int64 and int32: the value truncated toward zero if it fits, else the "integer
+     indefinite" INT_MIN (NaN, ±inf and out of range alike);
+   - int16, int8, uint16, uint8: the 32-bit conversion above, then its low bits;
+   - uint32 (uint64): `x >= 2^31 ? cvt32(x - 2^31) ^ 2^31 : cvt32(x)` (the same with 63 and
+     the 64-bit conversion): NaN and -inf give 2^31 (2^63), +inf and too large give 0,
+     negatives wrap.
+   The rewrite first replaces every value the conversion cannot take by the one whose
+   conversion is onnxruntime's result, so the importer only ever converts in-range values.
+   float16 and bfloat16 sources go through float32 first (exact).
+   A NaN that becomes a Gather index is therefore INT64_MIN, which the kernel's index check
+   rejects (bounds.py), as onnxruntime rejects it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+_FLOATS = {TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64}
+_NARROW_FLOATS = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+_INTEGER_BITS = {
+    TensorProto.INT64: (64, True), TensorProto.INT32: (32, True), TensorProto.INT16: (16, True),
+    TensorProto.INT8: (8, True), TensorProto.UINT64: (64, False), TensorProto.UINT32: (32, False),
+    TensorProto.UINT16: (16, False), TensorProto.UINT8: (8, False),
+}
+
+
+class _Builder:
+    """Appends nodes and scalar constants with fresh names under one prefix."""
+
+    def __init__(self, prefix: str, float_type):
+        self.prefix, self.float_type = prefix, float_type
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+
+    def _name(self, what: str) -> str:
+        return f"{self.prefix}__{what}{len(self.nodes) + len(self.initializers)}"
+
+    def constant(self, value, dtype=None) -> str:
+        name = self._name("c")
+        self.initializers.append(numpy_helper.from_array(np.array(value, dtype or self.float_type), name))
+        return name
+
+    def op(self, op_type: str, *inputs: str, output: str | None = None, **attrs) -> str:
+        output = output or self._name(op_type.lower())
+        self.nodes.append(helper.make_node(op_type, list(inputs), [output], name=output, **attrs))
+        return output
+
+
+def _lowest_converted(float_type, bits: int):
+    """The smallest value of float_type that truncates to at least -2^(bits-1)."""
+    below = -(2 ** (bits - 1)) - 1
+    exact = float_type(below)
+    return np.nextafter(exact, float_type(0)) if int(exact) == below else float_type(-(2 ** (bits - 1)))
+
+
+def _in_range(b: _Builder, x: str, bits: int) -> str:
+    low = b.op("GreaterOrEqual", x, b.constant(_lowest_converted(b.float_type, bits)))
+    high = b.op("Less", x, b.constant(2.0 ** (bits - 1)))
+    return b.op("And", low, high)
+
+
+def _truncatable(b: _Builder, x: str, bits: int) -> str:
+    """x where the signed `bits`-wide conversion takes it, else -2^(bits-1) (INT_MIN's value)."""
+    return b.op("Where", _in_range(b, x, bits), x, b.constant(-(2.0 ** (bits - 1))))
+
+
+def _cast_as_onnxruntime(b: _Builder, x: str, to: int, output: str) -> None:
+    bits, signed = _INTEGER_BITS[to]
+    if signed or bits <= 16:
+        b.op("Cast", _truncatable(b, x, max(bits, 32)), output=output, to=to)
+    elif bits == 32:  # values the importer's int64 conversion, taken modulo 2^32, maps right
+        top = b.constant(2.0 ** 31)
+        upper = b.op("Where", b.op("Less", x, b.constant(2.0 ** 32)), x, b.constant(0.0))
+        lower = b.op("Where", _in_range(b, x, 32), x, top)
+        b.op("Cast", b.op("Where", b.op("GreaterOrEqual", x, top), upper, lower), output=output, to=to)
+    else:  # uint64: non-negatives convert unsigned, negatives through int64
+        zero = b.constant(0.0)
+        non_negative = b.op("GreaterOrEqual", x, zero)
+        fits = b.op("And", non_negative, b.op("Less", x, b.constant(2.0 ** 64)))
+        unsigned = b.op("Cast", b.op("Where", fits, x, zero), to=to)
+        wrapped = b.op("Cast", b.op("Cast", _truncatable(b, x, 64), to=TensorProto.INT64), to=to)
+        b.op("Where", non_negative, unsigned, wrapped, output=output)
+
+
+def _rewrite_cast(node, elem_types, prefix: str):
+    source, to = elem_types.get(node.input[0]), next(a.i for a in node.attribute if a.name == "to")
+    if to not in _INTEGER_BITS or (source not in _FLOATS and source not in _NARROW_FLOATS):
+        return None
+    b = _Builder(prefix, _FLOATS.get(source, np.float32))
+    x = node.input[0] if source in _FLOATS else b.op("Cast", node.input[0], to=TensorProto.FLOAT)
+    _cast_as_onnxruntime(b, x, to, node.output[0])
+    return b
+
+
+def _rewrite_clip(node, elem_types, prefix: str, opset: int):
+    float_type = _FLOATS.get(elem_types.get(node.input[0]))
+    if float_type is None:
+        return None  # integers: their limits clamp nothing; float16: rare, left as it was
+    lowest, largest = np.finfo(float_type).min, np.finfo(float_type).max
+    if opset < 11:
+        if float_type is not np.float32:
+            return None  # attributes are float32: they cannot hold another type's limits
+        attrs = {a.name: a for a in node.attribute}
+        clipped = helper.make_node("Clip", list(node.input), list(node.output), name=node.name,
+                                   min=float(attrs["min"].f) if "min" in attrs else float(lowest),
+                                   max=float(attrs["max"].f) if "max" in attrs else float(largest))
+        b = _Builder(prefix, float_type)
+        b.nodes.append(clipped)
+        return b
+    inputs = list(node.input) + [""] * (3 - len(node.input))
+    if inputs[1] and inputs[2]:
+        return None
+    b = _Builder(prefix, float_type)
+    low = inputs[1] or b.constant(lowest)
+    high = inputs[2] or b.constant(largest)
+    b.nodes.append(helper.make_node("Clip", [inputs[0], low, high], list(node.output), name=node.name))
+    return b
+
+
+def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    inferred = onnx.shape_inference.infer_shapes(model)
+    graph = inferred.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.value_info) + list(graph.output)}
+    types.update({i.name: i.data_type for i in graph.initializer})
+    return types
+
+
+def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` (a group) with Clip and float→int Cast nodes rewritten as above; the same
+    object when there is nothing to rewrite."""
+    if not any(n.op_type in ("Clip", "Cast") and n.domain in ("", "ai.onnx") for n in model.graph.node):
+        return model
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    elem_types = _elem_types(model)
+    nodes, initializers, changed = [], [], False
+    for index, node in enumerate(model.graph.node):
+        prefix = f"onnxfuse_ort{index}"
+        rewrite = None
+        if node.domain in ("", "ai.onnx") and node.op_type == "Cast":
+            rewrite = _rewrite_cast(node, elem_types, prefix)
+        elif node.domain in ("", "ai.onnx") and node.op_type == "Clip":
+            rewrite = _rewrite_clip(node, elem_types, prefix, opset)
+        if rewrite is None:
+            nodes.append(node)
+            continue
+        nodes.extend(rewrite.nodes)
+        initializers.extend(rewrite.initializers)
+        changed = True
+    if not changed:
+        return model
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    del rewritten.graph.node[:]
+    rewritten.graph.node.extend(nodes)
+    rewritten.graph.initializer.extend(initializers)
+    return rewritten

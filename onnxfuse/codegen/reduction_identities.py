@@ -1,0 +1,68 @@
+"""Float min/max reductions start from ±inf, as onnxruntime's ReduceMin and ReduceMax do.
+
+Why: TOPI starts a min reduction from the largest finite float and a max reduction from the
+smallest, so a row of +inf reduced to 3.4e38 and a row of -inf (a fully masked attention row)
+to -3.4e38, where onnxruntime gives ±inf. The identity cannot change before scheduling: TVM's
+rfactor (schedule.factor_row_reductions) recognises a min or max reduction only by that finite
+identity. So this runs on the scheduled function: every store of the finite bound into a
+buffer that a min (max) update accumulates into becomes a store of +inf (-inf). Nothing else
+changes: a row with any value below +inf reduces to the same result from either start.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+_START = {tirx.Min: np.inf, tirx.Max: -np.inf}
+
+
+def _is_float(expr) -> bool:
+    return tvm.runtime.DataType(str(expr.ty.dtype)).type_code == tvm.runtime.DataTypeCode.FLOAT
+
+
+def _reads_itself(store, operand) -> bool:
+    return (isinstance(operand, tvm.ir.TensorLoad) and operand.source.same_as(store.buffer)
+            and tvm_ffi.structural_equal(list(operand.indices), list(store.indices)))
+
+
+def _accumulators(func) -> dict:
+    """Buffer → the infinity its float min/max reduction starts from."""
+    found = {}
+
+    def visit(store, visitor):
+        value = store.value
+        if type(value) in _START and _is_float(value) and (_reads_itself(store, value.a) or _reads_itself(store, value.b)):
+            found[store.buffer] = _START[type(value)]
+        visitor.default_visit(store)
+
+    tvm_ffi.structural_visit(func, [(tirx.BufferStore, visit)])
+    return found
+
+
+def _finite_bound(dtype: str, infinity: float) -> float | None:
+    if dtype not in ("float16", "float32", "float64"):
+        return None
+    info = np.finfo(dtype)
+    return float(info.max) if infinity > 0 else float(info.min)
+
+
+def start_from_infinity(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """`func` with every float min/max reduction's finite start replaced by ±inf."""
+    accumulators = _accumulators(func)
+    if not accumulators:
+        return func
+
+    def restart(store):
+        infinity = accumulators.get(store.buffer)
+        value = store.value
+        if infinity is None or not isinstance(value, tirx.FloatImm):
+            return store
+        dtype = str(value.ty.dtype)
+        if float(value.value) != _finite_bound(dtype, infinity):
+            return store
+        return tirx.BufferStore(store.buffer, tirx.FloatImm(dtype, infinity), list(store.indices))
+
+    return tvm_ffi.structural_map(func, [(tirx.BufferStore, restart)], order="post")

@@ -1,0 +1,104 @@
+"""Ops whose edge cases TVM defines otherwise than onnxruntime, on finite ordinary inputs and on the
+NaN/±inf a real model produces (a fully masked attention row, a degenerate weight):
+ReduceMin/ReduceMax start from ±inf (codegen/reduction_identities.py), Clip's missing bounds and
+float→int Cast are what onnxruntime computes (codegen/onnx_semantics.py), and a NaN that becomes a
+Gather index is an error, as in onnxruntime. Fused model through onnxruntime against onnxruntime on
+the original, bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx_builder import model, node
+from test_ieee_order import assert_bitwise_equal, check_fused_matches_onnxruntime, fused_session, original_session
+
+F32 = np.float32
+ROW = np.array([np.inf, 1.0, -2.0, np.nan, -np.inf, 3e38, -0.0, 0.0], F32)
+
+
+def _row_model(op: str, width: int) -> onnx.ModelProto:
+    reduce = node(op, ["x", "axes"], "r", keepdims=1)
+    return model([reduce, node("Neg", ["r"], "y")], {"x": ("N", width)}, {"y": ("N", 1)},
+                 {"axes": np.array([1], np.int64)}, opset=18)
+
+
+@pytest.mark.parametrize("width", [4, 64], ids=["narrow", "lanes"])  # 64: split in vector lanes (rfactor)
+@pytest.mark.parametrize("op", ["ReduceMin", "ReduceMax"])
+def test_min_max_reductions_of_infinite_rows(tmp_path, op, width):
+    rng = np.random.default_rng(0)
+    rows = [np.full(width, np.inf, F32), np.full(width, -np.inf, F32),
+            rng.standard_normal(width).astype(F32), np.resize(ROW[[0, 1, 2, 4, 5]], width)]
+    check_fused_matches_onnxruntime(_row_model(op, width), {"x": np.stack(rows)}, tmp_path)
+
+
+CLIPS = {  # case: (nodes, opset); onnxruntime clamps to the type's limits where a bound is missing
+    "min_only": ([node("Clip", ["x", "lo"], "c")], 13),
+    "max_only": ([node("Clip", ["x", "", "hi"], "c")], 13),
+    "no_bounds": ([node("Clip", ["x"], "c")], 13),
+    "infinite_bounds": ([node("Clip", ["x", "ninf", "inf"], "c")], 13),
+    "attributes_none": ([node("Clip", ["x"], "c")], 10),
+    "attribute_min_only": ([node("Clip", ["x"], "c", min=-1.0)], 10),
+}
+
+
+@pytest.mark.parametrize("case", list(CLIPS))
+def test_clip_default_bounds(tmp_path, case):
+    nodes, opset = CLIPS[case]
+    inits = {"lo": np.array(-1.0, F32), "hi": np.array(1.0, F32), "inf": np.array(np.inf, F32),
+             "ninf": np.array(-np.inf, F32)}
+    nodes = nodes + [node("Neg", ["c"], "y")]
+    used = {i for n in nodes for i in n.input}
+    m = model(nodes, {"x": ("N", 8)}, {"y": ("N", 8)}, {k: v for k, v in inits.items() if k in used}, opset=opset)
+    check_fused_matches_onnxruntime(m, {"x": np.stack([ROW, ROW[::-1] * 0.5])}, tmp_path)
+
+
+INTEGER_TYPES = [TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8,
+                 TensorProto.UINT64, TensorProto.UINT32, TensorProto.UINT16, TensorProto.UINT8]
+CAST_VALUES = [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 0.5, -0.5, 2.7, -2.7, -1.5, 255.9, 300.7, -300.7,
+               70000.5, -70000.5, 2147483520.0, 2147483648.0, -2147483648.0, -2147483904.0, 3e9, -3e9, 4294967040.0,
+               4294967296.0, 1e10, -1e10, 9.2e18, 9223372036854775808.0, -9223372036854775808.0, -9.3e18,
+               1.8e19, 18446744073709551616.0, 1e19, -1e19, 2e19, 3e38, -3e38, 1e-40]
+
+
+def _cast_feed(dtype, n_random: int = 4000) -> np.ndarray:
+    """The edges above, then random magnitudes from 1e-3 to 1e20 of both signs."""
+    rng = np.random.default_rng(1)
+    random = rng.choice([-1.0, 1.0], n_random) * 10.0 ** rng.uniform(-3, 20, n_random)
+    return np.concatenate([np.array(CAST_VALUES), random]).astype(dtype).reshape(-1, 2)
+
+
+@pytest.mark.parametrize("source", [TensorProto.FLOAT, TensorProto.DOUBLE], ids=["float32", "float64"])
+def test_float_to_integer_cast_matches_onnxruntime(tmp_path, source):
+    """NaN, ±inf and out-of-range values convert as onnxruntime's x86-64 conversion does (INT64_MIN,
+    INT32_MIN, the low bits of INT32_MIN, ...), for every integer type, in one model. Each Cast
+    feeds an `Add 0` of its type: a lone Cast producing a graph output is not a group."""
+    nodes, outputs, inits = [], [], {}
+    for to in INTEGER_TYPES:
+        name, dtype = TensorProto.DataType.Name(to).lower(), onnx.helper.tensor_dtype_to_np_dtype(to)
+        inits[f"zero_{name}"] = np.array(0, dtype)
+        nodes += [node("Cast", ["x"], f"c_{name}", to=to), node("Add", [f"c_{name}", f"zero_{name}"], f"y_{name}")]
+        outputs.append(onnx.helper.make_tensor_value_info(f"y_{name}", to, ["N", 2]))
+    m = model(nodes, {"x": ("N", 2)}, [], inits, dtype=source, opset=19)
+    m.graph.output.extend(outputs)
+    check_fused_matches_onnxruntime(m, {"x": _cast_feed(onnx.helper.tensor_dtype_to_np_dtype(source))}, tmp_path)
+
+
+def test_nan_derived_gather_index_is_an_error(tmp_path):
+    """Cast(NaN) is INT64_MIN, out of any axis: onnxruntime refuses the Gather, and so must the
+    kernel (bounds.py), instead of returning a table value."""
+    table = np.linspace(-1, 1, 10).astype(F32)
+    nodes = [node("Mul", ["x", "scale"], "s"), node("Cast", ["s"], "i", to=TensorProto.INT64),
+             node("Gather", ["table", "i"], "g", axis=0), node("Add", ["g", "x"], "y")]
+    m = model(nodes, {"x": ("N", 4)}, {"y": ("N", 4)}, {"scale": np.array(3.0, F32), "table": table}, opset=18)
+    fused, original = fused_session(m, tmp_path), original_session(m)
+    good = {"x": np.array([[0.0, 1.0, 2.9, -1.0], [-3.0, 0.5, 1.5, 3.0]], F32)}
+    for got, expected in zip(fused.run(None, good), original.run(None, good)):
+        assert_bitwise_equal(got, expected)
+    for bad in (np.nan, -np.inf, np.inf, 1e30):
+        feeds = {"x": np.array([[0.0, 1.0, bad, 2.0]], F32)}
+        with pytest.raises(Exception, match="out of data bounds"):
+            original.run(None, feeds)
+        with pytest.raises(Exception, match="index out of range"):
+            fused.run(None, feeds)
