@@ -94,6 +94,8 @@ def describe(model: onnx.ModelProto) -> dict:
     param_count = int(sum(np.prod(t.dims) if len(t.dims) else 1 for t in g.initializer))
 
     notes = []
+    if any(d is None for v in inputs for d in (v.get("shape") or [])):
+        notes.append("input dims that are dynamic but unnamed (no dim_param)")
     out_syms = sorted({d for v in outputs for d in (v.get("shape") or []) if isinstance(d, str)}
                       - set(symbolic))
     if out_syms:
@@ -169,7 +171,7 @@ def run_onnxruntime(path: str, feeds: dict) -> list:
 
 
 def save_model(name: str, model_path_written: str, feeds: dict, entry: dict,
-               reference: list | None = None, rtol=1e-4, atol=1e-4) -> dict:
+               reference: list | None = None, rtol=1e-4, atol=1e-4, strict=True) -> dict:
     """After an exporter wrote `<name>.onnx`: checks it, writes inputs/expected npz, fills entry."""
     model = onnx.load(model_path_written)
     onnx.checker.check_model(model)
@@ -208,10 +210,12 @@ def save_model(name: str, model_path_written: str, feeds: dict, entry: dict,
             if ref.dtype.kind == "f":
                 diffs.append(float(np.max(np.abs(ref.astype(np.float64) - got))) if ref.size else 0.0)
                 if not np.allclose(ref, got, rtol=rtol, atol=atol):
-                    raise RuntimeError(f"{name}: onnxruntime differs from the framework by {diffs[-1]}")
-            else:
-                agree = float(np.mean(ref == got))
-                diffs.append(1.0 - agree)
+                    msg = f"onnxruntime differs from the framework by {diffs[-1]:.3g}"
+                    if strict:
+                        raise RuntimeError(f"{name}: {msg}")
+                    entry.setdefault("framework_mismatch", []).append(msg)
+            else:  # labels: the fraction that disagrees
+                diffs.append(float(np.mean(ref != got)))
         entry["framework_vs_onnxruntime_max_abs_diff"] = diffs
     return entry
 
@@ -221,17 +225,20 @@ def vary_symbolic_dims(path: str, feeds: dict, entry: dict) -> dict:
     axis): does the graph really accept other sizes, or did the exporter bake one in?"""
     import re
 
+    def key(v, axis, d):  # an unnamed dynamic dim (None) varies on its own
+        return d if isinstance(d, str) else f"{v['name']}[{axis}] (unnamed)"
+
     sizes = {}
     for v in entry["inputs"]:
         for axis, d in enumerate(v["shape"] or []):
-            if isinstance(d, str):
-                sizes[d] = feeds[v["name"]].shape[axis] + 3
+            if not isinstance(d, int):
+                sizes[key(v, axis, d)] = feeds[v["name"]].shape[axis] + 3
     new_feeds = {}
     for v in entry["inputs"]:
         arr = feeds[v["name"]]
         for axis, d in enumerate(v["shape"] or []):
-            if isinstance(d, str):
-                idx = np.arange(sizes[d]) % arr.shape[axis]
+            if not isinstance(d, int):
+                idx = np.arange(sizes[key(v, axis, d)]) % arr.shape[axis]
                 arr = np.take(arr, idx, axis=axis)
         new_feeds[v["name"]] = np.ascontiguousarray(arr)
     result = {"sizes": sizes}
@@ -239,6 +246,13 @@ def vary_symbolic_dims(path: str, feeds: dict, entry: dict) -> dict:
         _, outs = run_onnxruntime(path, new_feeds)
         result["status"] = "ok"
         result["output_shapes"] = [list(np.asarray(o).shape) for o in outs]
+        stale = []
+        for decl, got in zip(entry["outputs"], result["output_shapes"]):
+            shape = decl.get("shape")
+            if shape and any(isinstance(d, int) and d != g for d, g in zip(shape, got)):
+                stale.append(f"{decl['name']} declared {shape}, got {got}")
+        if stale:
+            result["declared_output_shape_wrong"] = stale
     except Exception as exc:
         msg = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()[0]
         result["status"] = "failed"
