@@ -324,11 +324,53 @@ def _export_dynamo(module, spec, path):
                                  input_names=names, output_names=spec["outputs"],
                                  dynamic_shapes=dyn_tuple, optimize=True, verbose=False)
         prog.save(path, external_data=False)
+    _relative_paths(path)
     out = {"dynamo": True, "opset_version": DYNAMO_OPSET, "optimize": True,
            "dynamic_shapes": {k: {str(a): s for a, s in v.items()} for k, v in named.items()}}
     if spec.get("dynamo_static_seq"):
         out["note"] = spec["dynamo_static_seq"]
     return out
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def _relative_paths(path):
+    """The dynamo exporter records each node's Python stack trace (metadata_props
+    pkg.torch.onnx.stack_trace) with absolute file paths. Keep the traces, but make the paths
+    relative to the repository or to site-packages, so the file does not depend on where the
+    repository and the virtualenv live."""
+    import re
+
+    import onnx
+
+    model = onnx.load(path)
+    pattern = re.compile(r'File "([^"]*)"')
+
+    def fix(match):
+        f = match.group(1)
+        if f.startswith(REPO_ROOT + os.sep):
+            f = os.path.relpath(f, REPO_ROOT)
+        elif "site-packages" + os.sep in f:
+            f = "<site-packages>/" + f.split("site-packages" + os.sep, 1)[1]
+        return f'File "{f}"'
+
+    def walk(graph):
+        for node in graph.node:
+            for prop in node.metadata_props:
+                prop.value = pattern.sub(fix, prop.value)
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    walk(attr.g)
+                for g in attr.graphs:
+                    walk(g)
+
+    walk(model.graph)
+    for fn in model.functions:
+        for node in fn.node:
+            for prop in node.metadata_props:
+                prop.value = pattern.sub(fix, prop.value)
+    onnx.save(model, path)
 
 
 def _reference(module, spec):

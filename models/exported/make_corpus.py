@@ -2,8 +2,8 @@
 
 Two parts, each run in its own virtualenv because the exporters' pins conflict (see README.md):
 
-    /work/exporters-venv/bin/python models/exported/make_corpus.py torch   # torch.onnx, transformers
-    /work/hb-venv/bin/python models/exported/make_corpus.py trees          # hummingbird, skl2onnx
+    ~/.cache/onnxfuse-corpus/torch-venv/bin/python models/exported/make_corpus.py torch  # torch.onnx
+    ~/.cache/onnxfuse-corpus/hb-venv/bin/python models/exported/make_corpus.py trees     # hummingbird
 
 Each part writes <name>.onnx, <name>.inputs.npz (one realistic input batch keyed by the
 model's input names) and <name>.expected.npz (onnxruntime's outputs on it), and replaces its
