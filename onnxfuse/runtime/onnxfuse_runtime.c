@@ -673,9 +673,10 @@ static OrtStatus *create_domain(const OrtApiBase *base) {
     if (!ort) {
         const OrtApi *oldest = base->GetApi(1); /* CreateStatus is in every version */
         if (!oldest) return NULL; /* cannot even report it; ORT then fails on the unknown ops */
+        const char *running = base->GetVersionString ? base->GetVersionString() : "older";
         char message[160];
         snprintf(message, sizeof message, "onnxfuse kernels need onnxruntime 1.%d or newer (C API %d); this is %s",
-                 ORT_API_VERSION_NEEDED, ORT_API_VERSION_NEEDED, base->GetVersionString ? base->GetVersionString() : "older");
+                 ORT_API_VERSION_NEEDED, ORT_API_VERSION_NEEDED, running);
         return ORT_API_FN(oldest, CreateStatus)(ORT_FAIL, message);
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
