@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-
 from conftest import MODELS, assert_outputs_match, run_both
 
 from onnxfuse import optimize
