@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import os
 import platform
+import shlex
 import shutil
 from dataclasses import dataclass, field
 
@@ -38,11 +39,23 @@ class Target:
         return f"{self.triple}|{self.mcpu}|{','.join(self.mattr)}"
 
     def require_toolchain(self) -> None:
-        if shutil.which(self.cc) is None:
-            raise UsageError(
-                f"target {self.name} needs the C compiler {self.cc!r}, which is not installed "
-                f"(run `make install`)"
-            )
+        if shutil.which(shlex.split(self.cc)[0]) is None:
+            raise UsageError(missing_compiler_message(self.cc, self.name))
+
+
+def default_cc() -> str:
+    """The C compiler for the host's own kernels: `$CC` (it may carry arguments), else gcc."""
+    return os.environ.get("CC", "").strip() or "gcc"
+
+
+def missing_compiler_message(cc: str, target_name: str) -> str:
+    """Says which compiler the kernel library needs, and how a pip user gets or names one."""
+    if target_name == "aarch64":
+        return (f"target aarch64 needs the C compiler {cc!r} to link the kernel library, and it is not installed: "
+                f"install an aarch64 cross gcc (Debian/Ubuntu: apt-get install gcc-aarch64-linux-gnu) "
+                f"or set ONNXFUSE_AARCH64_CC to one")
+    return (f"target {target_name} needs a C compiler to link the kernel library, and {cc!r} is not installed: "
+            f"install gcc (Debian/Ubuntu: apt-get install gcc) or set CC to another C compiler (e.g. CC=clang)")
 
 
 # platform.machine() of the hosts `native` builds for → their LLVM triple
@@ -70,9 +83,9 @@ def resolve_target(name: str = "native", mcpu: str | None = None, mattr: str | N
         import tvm
 
         triple = host_triple()
-        target = Target("native", triple, "gcc", mcpu or tvm.target.codegen.llvm_get_system_cpu(), extra)
+        target = Target("native", triple, default_cc(), mcpu or tvm.target.codegen.llvm_get_system_cpu(), extra)
     elif name == "x86_64":
-        target = Target("x86_64", "x86_64-linux-gnu", "gcc", mcpu or "x86-64-v2", extra)
+        target = Target("x86_64", "x86_64-linux-gnu", default_cc(), mcpu or "x86-64-v2", extra)
     elif name == "aarch64":
         # The cross linker is Debian's gcc-aarch64-linux-gnu unless ONNXFUSE_AARCH64_CC names another
         # (a compiler name on PATH or a path), e.g. a vendor toolchain; the tests use it to fake a missing one.

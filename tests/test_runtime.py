@@ -7,6 +7,8 @@ plain `SessionOptions.register_custom_ops_library`, against numpy.
 
 from __future__ import annotations
 
+import ctypes
+import shutil
 import subprocess
 import threading
 
@@ -17,10 +19,11 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnxfuse
-from onnxfuse.errors import CompileError
+from onnxfuse.errors import CompileError, UsageError
 from onnxfuse.kernel_spec import DOMAIN, DOMAIN_VERSION, ONNX_DTYPE_CODES, KernelSpec, TensorSpec
 from onnxfuse.runtime.library import build_library, kernel_table_source
 from onnxfuse.session import LIBRARY_METADATA_KEY
+from onnxfuse.target import resolve_target
 
 tvm = pytest.importorskip("tvm")
 from tvm import te  # noqa: E402
@@ -443,6 +446,113 @@ def test_build_failures_are_compile_errors(build, tmp_path):
         build_library([spec("missing", [("float32", (1,))], [("float32", (1,))], objects["scale_add"])],
                       tmp_path / "y.so")
     assert not list(tmp_path.glob("*.so")) and not list(tmp_path.glob(".*partial"))
+
+
+def small_library_spec(build):
+    _, _, objects = build
+    return spec("scale_add", [("float32", (4, 8)), ("float32", (4, 8))], [("float32", (4, 8))], objects["scale_add"])
+
+
+def test_library_builds_with_the_compiler_CC_names(build, tmp_path, monkeypatch):
+    """A pip user's CC (here a wrapper with an argument, as in CC="ccache gcc") builds the library."""
+    log = tmp_path / "cc.log"
+    wrapper = tmp_path / "cc-wrapper"
+    wrapper.write_text(f'#!/bin/sh\necho "$1" >> {log}\nshift\nexec gcc "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CC", f"{wrapper} --from-CC")
+    assert resolve_target("native").cc == f"{wrapper} --from-CC"
+    library = build_library([small_library_spec(build)], tmp_path / LIBRARY_NAME)
+    assert library.is_file() and log.read_text().split() == ["--from-CC"]
+
+
+def test_a_missing_compiler_says_which_and_how_to_name_one(build, tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "onnxfuse-no-such-cc")
+    with pytest.raises(CompileError) as built:
+        build_library([small_library_spec(build)], tmp_path / LIBRARY_NAME)
+    with pytest.raises(UsageError) as checked:
+        resolve_target("native").require_toolchain()
+    for message in (str(built.value), str(checked.value)):
+        assert "'onnxfuse-no-such-cc' is not installed" in message and "set CC to" in message, message
+        assert "make install" not in message, message
+    assert not list(tmp_path.glob("*.so")) and not list(tmp_path.glob(".*partial"))
+
+
+# ---- Registration: which onnxruntime C API the library asks for ----------------------------------
+API_SLOTS = 300  # past the highest slot the library reads (274)
+ORT_CREATE_STATUS, ORT_CREATE_CUSTOM_OP_DOMAIN, ORT_CUSTOM_OP_DOMAIN_ADD, ORT_ADD_CUSTOM_OP_DOMAIN = 0, 26, 27, 28
+GET_API = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_uint32)
+GET_VERSION_STRING = ctypes.CFUNCTYPE(ctypes.c_void_p)
+CREATE_STATUS = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
+CREATE_DOMAIN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p))
+DOMAIN_ADD = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+ADD_DOMAIN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+FAILED_STATUS, FAKE_DOMAIN, FAKE_OPTIONS = 0x5EED, 0xD0, 0x0B
+OP_GET_NAME = 2  # OrtCustomOp's slot of GetName
+
+
+class FakeRuntime:
+    """An OrtApiBase for an onnxruntime whose newest C API is `newest`: it records the versions the
+    library asks for, and what it registers, in a table that has only the slots registration uses."""
+
+    def __init__(self, newest: int, version: str):
+        self.newest, self.asked, self.statuses, self.ops, self.added = newest, [], [], [], []
+        self.version = ctypes.create_string_buffer(version.encode())
+        self.callbacks = [  # kept alive as long as the library may call them
+            CREATE_STATUS(lambda code, message: self.statuses.append((code, message.decode())) or FAILED_STATUS),
+            CREATE_DOMAIN(self.create_domain),
+            DOMAIN_ADD(lambda domain, op: self.ops.append((domain, op)) and None),
+            ADD_DOMAIN(lambda options, domain: self.added.append((options, domain)) and None),
+        ]
+        self.table = (ctypes.c_void_p * API_SLOTS)()
+        for slot, callback in zip((ORT_CREATE_STATUS, ORT_CREATE_CUSTOM_OP_DOMAIN, ORT_CUSTOM_OP_DOMAIN_ADD,
+                                   ORT_ADD_CUSTOM_OP_DOMAIN), self.callbacks):
+            self.table[slot] = ctypes.cast(callback, ctypes.c_void_p)
+        self.get_api = GET_API(self.api)
+        self.get_version = GET_VERSION_STRING(lambda: ctypes.addressof(self.version))
+        self.base = (ctypes.c_void_p * 2)(ctypes.cast(self.get_api, ctypes.c_void_p),
+                                          ctypes.cast(self.get_version, ctypes.c_void_p))
+
+    def api(self, version):
+        self.asked.append(version)
+        return ctypes.addressof(self.table) if 1 <= version <= self.newest else None
+
+    def create_domain(self, name, out):
+        assert name == DOMAIN.encode()
+        out[0] = FAKE_DOMAIN
+        return None
+
+    def register(self, library, tmp_path):
+        """RegisterCustomOps from a fresh copy of `library` (its registration state is per load)."""
+        copy = tmp_path / f"fresh-{len(list(tmp_path.iterdir()))}.so"
+        shutil.copyfile(library, copy)
+        register = ctypes.CDLL(str(copy)).RegisterCustomOps
+        register.restype, register.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_void_p]
+        return register(FAKE_OPTIONS, ctypes.addressof(self.base))
+
+
+def test_a_newer_onnxruntime_is_asked_for_the_oldest_api_the_library_needs(build, tmp_path):
+    """API 17 is the oldest with every slot the library reads. A runtime that knows a newer one
+    hands out the same, grown table; asking for its newest would only shut out older runtimes."""
+    _, library, objects = build
+    runtime = FakeRuntime(newest=40, version="1.40.0")
+    assert runtime.register(library, tmp_path) is None
+    assert runtime.asked == [17] and runtime.statuses == []
+    assert runtime.added == [(FAKE_OPTIONS, FAKE_DOMAIN)]
+    assert {domain for domain, _ in runtime.ops} == {FAKE_DOMAIN}
+    get_name = ctypes.CFUNCTYPE(ctypes.c_char_p, ctypes.c_void_p)
+    names = [get_name(ctypes.c_void_p.from_address(op + OP_GET_NAME * ctypes.sizeof(ctypes.c_void_p)).value)(op)
+             for _, op in runtime.ops]
+    assert sorted(n.decode() for n in names) == sorted(objects)
+    op_versions = {ctypes.c_uint32.from_address(op).value for _, op in runtime.ops}
+    assert op_versions == {17}, "ORT reads an OrtCustomOp only as far as its version says"
+
+
+def test_an_older_onnxruntime_gets_a_clear_status(build, tmp_path):
+    _, library, _ = build
+    runtime = FakeRuntime(newest=16, version="1.16.3")
+    assert runtime.register(library, tmp_path) == FAILED_STATUS
+    assert runtime.asked == [17, 1] and runtime.ops == [] and runtime.added == []
+    assert runtime.statuses == [(1, "onnxfuse kernels need onnxruntime 1.17 or newer (C API 17); this is 1.16.3")]
 
 
 # ---- onnxfuse.InferenceSession and session_options -------------------------------------------------

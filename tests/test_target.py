@@ -28,6 +28,7 @@ def test_host_triple(machine, triple):
 
 
 def test_native_on_an_arm64_host_builds_aarch64_with_the_hosts_gcc(monkeypatch):
+    monkeypatch.delenv("CC", raising=False)  # the host's own gcc unless CC names another
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     target = resolve_target("native", mcpu="neoverse-n1")
     assert (target.name, target.triple, target.cc, target.mcpu) == ("native", "aarch64-linux-gnu", "gcc", "neoverse-n1")

@@ -12,20 +12,25 @@ An output with derived dims (symbol * multiplier // divisor) also gets a (multip
 pair per dim, (1, 1) for plain ones; other tensors have none (NULL).
 
 The library exports only `RegisterCustomOps` (a version script hides the kernels too, so two
-onnxfuse libraries in one process never bind each other's symbols) and has no dependency on TVM.
+onnxfuse libraries in one process never bind each other's symbols) and has no dependency on TVM:
+TVM's calling convention is compiled in from the headers the installed apache-tvm-ffi and
+apache-tvm wheels ship (see tvm_abi.h), for every target alike.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import secrets
+import shlex
 import subprocess
 import tempfile
 from collections.abc import Sequence
 
 from ..errors import CompileError
 from ..kernel_spec import DerivedDim, KernelSpec
+from ..target import default_cc, missing_compiler_message
 
 RUNTIME_DIR = pathlib.Path(__file__).resolve().parent
 GLUE_SOURCE = RUNTIME_DIR / "onnxfuse_runtime.c"
@@ -38,7 +43,8 @@ def build_library(kernels: Sequence[KernelSpec], out_path, target=None, cc: str 
     """Compile `kernels` into one onnxruntime custom-op library at `out_path`, atomically.
 
     `target` is an `onnxfuse.target.Target` (its `.cc` is the C compiler); `cc` overrides it;
-    the default is the native `gcc`. Raises CompileError with the compiler's message on failure.
+    the default is `$CC`, else `gcc`. Either may carry arguments (`CC="ccache gcc"`).
+    Raises CompileError with the compiler's message on failure, or saying how to get a compiler.
     """
     kernels = list(kernels)
     if not kernels:
@@ -46,7 +52,8 @@ def build_library(kernels: Sequence[KernelSpec], out_path, target=None, cc: str 
     names = [k.name for k in kernels]
     if len(set(names)) != len(names):
         raise ValueError(f"kernel names must be unique, got {names}")
-    compiler = cc or (target.cc if target is not None else "gcc")
+    compiler = cc or (target.cc if target is not None else default_cc())
+    target_name = target.name if target is not None else "native"
     out_path = pathlib.Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -56,21 +63,31 @@ def build_library(kernels: Sequence[KernelSpec], out_path, target=None, cc: str 
         (build / "exports.map").write_text(EXPORTS)
         # Linked under a unique name beside the target, then renamed: readers never see half a file.
         partial = str(out_path.parent / f".{out_path.name}.{os.getpid()}.{secrets.token_hex(4)}.partial")
+        command = [
+            *shlex.split(compiler), "-std=gnu11", "-O2", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
+            f"-I{build}", f"-I{RUNTIME_DIR}", *(f"-I{path}" for path in tvm_include_dirs()),
+            str(GLUE_SOURCE), *(str(k.object_file) for k in kernels),
+            f"-Wl,--version-script={build / 'exports.map'}", "-Wl,--no-undefined",
+            "-o", partial, "-lm",
+        ]
         try:
-            _run_compiler(
-                [
-                    compiler, "-std=gnu11", "-O2", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
-                    f"-I{build}", f"-I{RUNTIME_DIR}",
-                    str(GLUE_SOURCE), *(str(k.object_file) for k in kernels),
-                    f"-Wl,--version-script={build / 'exports.map'}", "-Wl,--no-undefined",
-                    "-o", partial, "-lm",
-                ]
-            )
+            _run_compiler(command, missing_compiler_message(compiler, target_name))
             os.replace(partial, out_path)
         except BaseException:
             pathlib.Path(partial).unlink(missing_ok=True)
             raise
     return out_path
+
+
+@functools.lru_cache(maxsize=1)
+def tvm_include_dirs() -> tuple[str, ...]:
+    """Where the wheels keep the C headers tvm_abi.h includes: tvm/ffi/c_api.h and dlpack/dlpack.h
+    (apache-tvm-ffi), tvm/runtime/c_backend_api.h (apache-tvm)."""
+    import tvm.libinfo
+    import tvm_ffi.libinfo
+
+    return tuple(dict.fromkeys([tvm_ffi.libinfo.find_include_path(), tvm_ffi.libinfo.find_dlpack_include_path(),
+                                tvm.libinfo.find_include_path()]))
 
 
 def kernel_table_source(kernels: Sequence[KernelSpec]) -> str:
@@ -144,11 +161,11 @@ def c_string(text: str) -> str:
     return '"' + "".join(chr(b) if b in plain else f"\\{b:03o}" for b in text.encode()) + '"'
 
 
-def _run_compiler(command: list[str]) -> None:
+def _run_compiler(command: list[str], missing_compiler: str) -> None:
     try:
         result = subprocess.run(command, capture_output=True, text=True)
     except FileNotFoundError:
-        raise CompileError(f"C compiler {command[0]!r} is not installed") from None
+        raise CompileError(missing_compiler) from None
     if result.returncode != 0:
         raise CompileError(f"building the kernel library failed ({command[0]}):\n{_shorten(result.stderr)}")
 

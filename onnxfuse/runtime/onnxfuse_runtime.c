@@ -82,7 +82,6 @@ typedef struct {
 
 static pthread_mutex_t registration_lock = PTHREAD_MUTEX_INITIALIZER;
 static const OrtApi *ort;                  /* set once, before any op exists */
-static ort_KernelContext_ParallelFor_fn parallel_for; /* NULL before API 17: run tasks serially */
 static int default_num_tasks = 1;
 static OrtCustomOpDomain *domain;          /* kept for the library's lifetime: ORT does not own it */
 static registered_op ops[NUM_KERNELS];
@@ -114,18 +113,18 @@ static const char *type_name(ONNXTensorElementDataType type) {
 /* How TVM spells an ONNX element type. */
 static DLDataType dl_type_of(ONNXTensorElementDataType type) {
     switch (type) {
-    case 1: return (DLDataType){DL_FLOAT, 32, 1};
-    case 2: return (DLDataType){DL_UINT, 8, 1};
-    case 3: return (DLDataType){DL_INT, 8, 1};
-    case 4: return (DLDataType){DL_UINT, 16, 1};
-    case 5: return (DLDataType){DL_INT, 16, 1};
-    case 6: return (DLDataType){DL_INT, 32, 1};
-    case 7: return (DLDataType){DL_INT, 64, 1};
-    case 9: return (DLDataType){DL_BOOL, 8, 1};
-    case 10: return (DLDataType){DL_FLOAT, 16, 1};
-    case 11: return (DLDataType){DL_FLOAT, 64, 1};
-    case 12: return (DLDataType){DL_UINT, 32, 1};
-    case 13: return (DLDataType){DL_UINT, 64, 1};
+    case 1: return (DLDataType){kDLFloat, 32, 1};
+    case 2: return (DLDataType){kDLUInt, 8, 1};
+    case 3: return (DLDataType){kDLInt, 8, 1};
+    case 4: return (DLDataType){kDLUInt, 16, 1};
+    case 5: return (DLDataType){kDLInt, 16, 1};
+    case 6: return (DLDataType){kDLInt, 32, 1};
+    case 7: return (DLDataType){kDLInt, 64, 1};
+    case 9: return (DLDataType){kDLBool, 8, 1};
+    case 10: return (DLDataType){kDLFloat, 16, 1};
+    case 11: return (DLDataType){kDLFloat, 64, 1};
+    case 12: return (DLDataType){kDLUInt, 32, 1};
+    case 13: return (DLDataType){kDLUInt, 64, 1};
     default: return (DLDataType){0, 0, 0}; /* never in the table; the kernel would reject it */
     }
 }
@@ -187,7 +186,7 @@ static _Alignas(WORKSPACE_ALIGNMENT) char empty_tensor_data[WORKSPACE_ALIGNMENT]
 
 static void describe_tensor(DLTensor *t, const tensor_desc *desc, int64_t *shape, void *data) {
     t->data = data ? data : empty_tensor_data;
-    t->device = (DLDevice){DL_CPU, 0};
+    t->device = (DLDevice){kDLCPU, 0};
     t->ndim = desc->rank;
     t->dtype = dl_type_of(desc->type);
     t->shape = shape;
@@ -312,10 +311,10 @@ static tvm_kernel_fn variant_for(const kernel_desc *k, int64_t batch, int on_poo
 static OrtStatus *call_kernel(const kernel_desc *k, const OrtKernelContext *ctx, call_frame *frame) {
     int32_t count = k->num_inputs + k->num_outputs;
     for (int32_t i = 0; i < count; i++) {
-        frame->args[i].type_index = TVM_FFI_DLTENSOR_PTR;
+        frame->args[i].type_index = kTVMFFIDLTensorPtr;
         frame->args[i].v_ptr = &frame->tensors[i];
     }
-    TVMFFIAny result = {.type_index = TVM_FFI_NONE};
+    TVMFFIAny result = {.type_index = kTVMFFINone};
     last_error.message[0] = '\0';
     const OrtKernelContext *outer = current_context;
     int64_t batch = symbolic_batch(k, frame);
@@ -503,9 +502,9 @@ static OrtStatus *op_create_kernel(const OrtCustomOp *op, const OrtApi *api, con
 }
 static void op_destroy_kernel(void *kernel) { (void)kernel; }
 
-static OrtCustomOp custom_op_for(uint32_t version) {
+static OrtCustomOp custom_op(void) {
     return (OrtCustomOp){
-        .version = version,
+        .version = CUSTOM_OP_VERSION,
         .GetName = op_name,
         .GetExecutionProviderType = op_provider,
         .GetInputType = op_input_type,
@@ -536,7 +535,7 @@ void TVMFFIErrorSetRaisedFromCStrParts(const char *kind, const char **parts, int
 }
 
 typedef struct {
-    tvm_parallel_lambda lambda;
+    FTVMParallelLambda lambda;
     void *cdata;
     TVMParallelGroupEnv env;
     int failed; /* atomic: the first failing task records its error */
@@ -557,12 +556,12 @@ static void run_task(void *user, size_t task_id) {
     }
 }
 
-static int parallel_launch(tvm_parallel_lambda lambda, void *cdata, int num_task) {
+static int parallel_launch(FTVMParallelLambda lambda, void *cdata, int num_task) {
     parallel_job job = {.lambda = lambda, .cdata = cdata};
     job.env.num_task = num_task > 0 ? num_task : default_num_tasks;
     const OrtKernelContext *ctx = current_context;
-    if (ctx && parallel_for) {
-        OrtStatus *status = parallel_for(ctx, run_task, (size_t)job.env.num_task, 0, &job);
+    if (ctx) {
+        OrtStatus *status = ORT_API_FN(ort, KernelContext_ParallelFor)(ctx, run_task, (size_t)job.env.num_task, 0, &job);
         if (status) {
             set_error(ORT_FAIL, ORT_API_FN(ort, GetErrorMessage)(status));
             ORT_API_FN(ort, ReleaseStatus)(status);
@@ -670,16 +669,15 @@ static void install_backend_hooks(void) {
 
 /* ---- Registration ----------------------------------------------------------------------------- */
 static OrtStatus *create_domain(const OrtApiBase *base) {
-    ort = base->GetApi(ORT_API_VERSION_WITH_PARALLEL_FOR);
-    uint32_t op_version = CUSTOM_OP_VERSION;
-    if (ort) {
-        parallel_for = ORT_API_FN(ort, KernelContext_ParallelFor);
-    } else if ((ort = base->GetApi(ORT_API_VERSION_MINIMUM))) {
-        op_version = ORT_API_VERSION_MINIMUM; /* no shape inference, tasks run serially */
-    } else {
-        const OrtApi *oldest = base->GetApi(1);
+    ort = base->GetApi(ORT_API_VERSION_NEEDED);
+    if (!ort) {
+        const OrtApi *oldest = base->GetApi(1); /* CreateStatus is in every version */
         if (!oldest) return NULL; /* cannot even report it; ORT then fails on the unknown ops */
-        return ORT_API_FN(oldest, CreateStatus)(ORT_FAIL, "onnxfuse kernels need onnxruntime 1.16 or newer");
+        const char *running = base->GetVersionString ? base->GetVersionString() : "older";
+        char message[160];
+        snprintf(message, sizeof message, "onnxfuse kernels need onnxruntime 1.%d or newer (C API %d); this is %s",
+                 ORT_API_VERSION_NEEDED, ORT_API_VERSION_NEEDED, running);
+        return ORT_API_FN(oldest, CreateStatus)(ORT_FAIL, message);
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     default_num_tasks = cpus < 1 ? 1 : cpus > MAX_DEFAULT_TASKS ? MAX_DEFAULT_TASKS : (int)cpus;
@@ -688,7 +686,7 @@ static OrtStatus *create_domain(const OrtApiBase *base) {
     OrtCustomOpDomain *created = NULL;
     OrtStatus *status = ORT_API_FN(ort, CreateCustomOpDomain)(DOMAIN_NAME, &created);
     for (size_t i = 0; !status && i < NUM_KERNELS; i++) {
-        ops[i].op = custom_op_for(op_version);
+        ops[i].op = custom_op();
         ops[i].kernel = &KERNELS[i];
         status = ORT_API_FN(ort, CustomOpDomain_Add)(created, &ops[i].op);
     }

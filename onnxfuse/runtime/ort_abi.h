@@ -2,14 +2,14 @@
  * The part of the onnxruntime custom-op C ABI that onnxfuse uses, declared by the project.
  *
  * Why our own header: no package we can install ships onnxruntime's C headers, and a custom-op
- * library only needs a small, stable slice of the ABI. Everything here was written from the
- * verified facts in /work/shared/notes/ort-custom-op-abi.md (slot indices checked with offsetof
- * against ORT 1.29's public header, exercised on 1.30 and 1.31).
+ * library only needs a small, stable slice of the ABI (slot indices checked with offsetof against
+ * ORT 1.29's public header, exercised on 1.30 and 1.31; docs/runtime.md says which API version
+ * the library asks for and why newer releases keep working).
  *
  * OrtApi is a table of function pointers that only grows at the end, so a function is reached by
  * its fixed slot index: ORT_API_FN(api, Name) reads slot ORT_SLOT_Name as an ort_Name_fn (all
- * function pointers have one size, so slot i sits at i * sizeof(void *)). We never link against libonnxruntime: the table arrives
- * through OrtApiBase at registration.
+ * function pointers have one size, so slot i sits at i * sizeof(void *)). We never link against
+ * libonnxruntime: the table arrives through OrtApiBase at registration.
  */
 #ifndef ONNXFUSE_ORT_ABI_H
 #define ONNXFUSE_ORT_ABI_H
@@ -114,14 +114,15 @@ typedef OrtStatus *(*ort_SetSymbolicDimensions_fn)(OrtTensorTypeAndShapeInfo *in
 typedef OrtStatus *(*ort_KernelContext_ParallelFor_fn)(const OrtKernelContext *ctx, void (*fn)(void *user, size_t i),
                                                        size_t total, size_t num_batch, void *user);
 
-/* The API versions: 17 has every slot above; 16 has all but KernelContext_ParallelFor. */
-#define ORT_API_VERSION_WITH_PARALLEL_FOR 17
-#define ORT_API_VERSION_MINIMUM 16
+/* The oldest API with every slot above (onnxruntime 1.17). GetApi(v) hands any runtime that
+ * knows v the same table, which only ever grows, so asking for the oldest one we need is what
+ * keeps newer releases working. */
+#define ORT_API_VERSION_NEEDED 17
 
 /* ---- OrtCustomOp: what the library hands ORT per operator -------------------------------- */
 /* Every field is pointer-sized (`version` is padded to 8 bytes): 26 slots, 208 bytes on LP64. */
 typedef struct OrtCustomOp {
-    uint32_t version; /* 17+: ORT calls InferOutputShapeFn; 16 ignores it */
+    uint32_t version; /* ORT reads only the fields this version has (17: through GetEndVersion) */
     void *(*CreateKernel)(const struct OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info);
     const char *(*GetName)(const struct OrtCustomOp *op);
     const char *(*GetExecutionProviderType)(const struct OrtCustomOp *op); /* NULL = CPU */
