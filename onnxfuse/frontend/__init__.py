@@ -1,0 +1,1 @@
+"""The front end: an ONNX file → onnxfuse's IR, checked and canonicalized for fusion."""
