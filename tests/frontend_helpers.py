@@ -7,7 +7,6 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from onnxfuse.frontend.canonicalize import canonicalize
 
 
 def as_exported(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -33,6 +32,10 @@ def initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 
 def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    if any(o.type.tensor_type.elem_type == 0 for o in model.graph.output):  # outputs left to inference
+        inferred = onnx.shape_inference.infer_shapes(model)
+        model = onnx.ModelProto()
+        model.CopyFrom(inferred)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, feeds)
 
@@ -68,4 +71,15 @@ def assert_same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, sizes=N
             np.testing.assert_allclose(y, x, rtol=1e-6, atol=1e-6)
 
 
-__all__ = ["as_exported", "assert_same_outputs", "canonicalize", "initializers", "op_types", "random_feeds", "run"]
+def apply(pass_, model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
+    """One onnx-ir pass on a ModelProto: the model after it, and whether it changed anything."""
+    import onnx_ir as ir
+
+    ir_model = ir.serde.deserialize_model(model)
+    result = pass_(ir_model)
+    return ir.serde.serialize_model(result.model), result.modified
+
+
+def with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with onnx's inferred shapes on its values, as the passes that need them see it."""
+    return onnx.shape_inference.infer_shapes(model, data_prop=True)

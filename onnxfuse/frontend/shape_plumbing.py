@@ -1,7 +1,7 @@
 """Pass: exporters' run-time shape arithmetic becomes constants where that is exactly equivalent.
 
 Rules (numbers referred to in the code):
-1. An integer tensor whose every element is known (`Shape` of a tensor of static shape, a
+1. An integer (or boolean) tensor whose every element is known (`Shape` of a tensor of static shape, a
    `Gather` of a static dim...) becomes an initializer.
 2. `Reshape(x, s)` (allowzero=0) where each element of `s` is a number or the size of an axis
    of a known tensor: an element that is surely the size of `x`'s axis at the same position
@@ -50,7 +50,7 @@ class ResolveShapePlumbingPass(ir.passes.InPlacePass):
         for value, content in known.items():  # rule 1
             producer = value.producer()
             if (content.is_constant and producer is not None and producer.op_type != "Constant"
-                    and not value.is_graph_output() and value.dtype in (ir.DataType.INT64, ir.DataType.INT32)
+                    and not value.is_graph_output() and value.dtype in (ir.DataType.INT64, ir.DataType.INT32, ir.DataType.BOOL)
                     and value.uses()):
                 array = np.array(content.elements, dtype=value.dtype.numpy())
                 replace_with_initializer(graph, value, array.reshape(()) if content.scalar else array, taken)

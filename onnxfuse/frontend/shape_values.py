@@ -107,7 +107,48 @@ def _evaluate(node: ir.Node, lookup) -> ShapeValue | None:
         return ShapeValue(first.elements, scalar=True) if axes in (None, [0], [-1]) else None
     if op == "Slice" and first is not None and not first.scalar:
         return _slice(node, first, lookup)
+    if op == "Reshape" and first is not None and not first.scalar:
+        target = lookup(node.inputs[1])
+        return ShapeValue(first.elements) if target is not None and list(target.elements) in ([-1], [len(first.elements)]) else None
+    if op == "Equal":
+        return _elementwise(lookup(node.inputs[0]), lookup(node.inputs[1]), _equal)
+    if op == "Where":
+        return _where(*(lookup(v) for v in node.inputs[:3]))
     return None
+
+
+def _equal(a: Element, b: Element) -> int | None:
+    """1 or 0 when surely equal or not (a size is never negative), None when it depends."""
+    if isinstance(a, int) and isinstance(b, int):
+        return int(a == b)
+    if isinstance(a, DimOf) and isinstance(b, DimOf):
+        return 1 if (a.value is b.value and a.axis == b.axis) or (a.symbol and a.symbol == b.symbol) else None
+    number = a if isinstance(a, int) else b
+    return 0 if number < 0 else None
+
+
+def _broadcast(*values: ShapeValue) -> int | None:
+    """The common length of 1-D operands (a length-1 one broadcasts), None if they do not agree."""
+    lengths = {len(v.elements) for v in values} - {1}
+    return (lengths.pop() if lengths else 1) if len(lengths) <= 1 else None
+
+
+def _at(value: ShapeValue, i: int) -> Element:
+    return value.elements[0] if len(value.elements) == 1 else value.elements[i]
+
+
+def _elementwise(a: ShapeValue | None, b: ShapeValue | None, f) -> ShapeValue | None:
+    if a is None or b is None or (n := _broadcast(a, b)) is None:
+        return None
+    out = [f(_at(a, i), _at(b, i)) for i in range(n)]
+    return None if None in out else ShapeValue(tuple(out), scalar=a.scalar and b.scalar)
+
+
+def _where(cond: ShapeValue | None, x: ShapeValue | None, y: ShapeValue | None) -> ShapeValue | None:
+    if cond is None or x is None or y is None or not cond.is_constant or (n := _broadcast(cond, x, y)) is None:
+        return None
+    picked = tuple(_at(x, i) if _at(cond, i) else _at(y, i) for i in range(n))
+    return ShapeValue(picked, scalar=cond.scalar and x.scalar and y.scalar)
 
 
 def _shape(node: ir.Node) -> ShapeValue | None:
