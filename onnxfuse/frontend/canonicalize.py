@@ -9,7 +9,7 @@ The passes, in order (each file states its guarantee):
 1. local functions inlined (onnx-ir's InlinePass);
 2. Constant nodes → initializers (`lift_constants.py`, onnx-ir's pass);
 3. unknown graph-input dims → named symbols (`name_input_dims.py`);
-4. to a fixed point: shape inference (onnx-ir's pass over onnx's), constant-only nodes folded
+4. to a fixed point: shape inference afresh (`infer_shapes.py`), constant-only nodes folded
    (`fold_constants.py`), shape plumbing resolved (`shape_plumbing.py`), dead nodes and
    initializers removed (onnx-ir's RemoveUnusedNodesPass).
 
@@ -26,11 +26,11 @@ from onnx_ir.passes.common import (
     InlinePass,
     RemoveUnusedNodesPass,
     RemoveUnusedOpsetsPass,
-    ShapeInferencePass,
 )
 
 from ..errors import first_line
 from .fold_constants import MAX_FOLDED_ELEMENTS, FoldConstantsPass
+from .infer_shapes import InferShapesPass
 from .lift_constants import LiftConstantsPass
 from .name_input_dims import NameUnknownInputDimsPass
 from .shape_plumbing import ResolveShapePlumbingPass
@@ -43,7 +43,7 @@ MAX_ROUNDS = 8
 def canonical_passes(max_folded_elements: int = MAX_FOLDED_ELEMENTS) -> ir.passes.PassManager:
     to_fixed_point = ir.passes.PassManager(
         [
-            ShapeInferencePass(strict_mode=False),
+            InferShapesPass(),
             FoldConstantsPass(max_folded_elements),
             ResolveShapePlumbingPass(),
             RemoveUnusedNodesPass(),
