@@ -2,9 +2,10 @@
 
 onnx's inference keeps a shape already written on a value over the one it infers. Between two
 rounds of the front end's fixed point, a Pad's pads may have become a constant: the dims it
-named `unk__0` while the pads were unknown must not outlive that. So every shape inference
-derived is cleared first: the shapes of intermediate values, and on graph outputs the dims onnx
-named itself (`unk__N`); shapes the model declares on inputs and outputs stay.
+named `unk__0` while the pads were unknown must not outlive that. So the dims onnx named itself
+(`unk__N`) are made unknown again first. Shapes the exporter declared (PyTorch's dynamo exporter
+writes every intermediate's, often with symbols onnx cannot derive) stay: clearing them lost
+fusions.
 """
 
 from __future__ import annotations
@@ -23,11 +24,8 @@ class InferShapesPass(ir.passes.InPlacePass):
         values = [o for node in model.graph for o in node.outputs]
         before = {v: (v.shape, v.dtype) for v in values}
         for value in values:
-            if value.is_graph_output():
-                if value.shape is not None:
-                    value.shape = ir.Shape([None if _inferred(d) else d for d in value.shape])
-            else:
-                value.shape = None
+            if value.shape is not None and any(_inferred(d) for d in value.shape):
+                value.shape = ir.Shape([None if _inferred(d) else d for d in value.shape])
         ShapeInferencePass(strict_mode=False, data_prop=True)(model)
         modified = any(before[v] != (v.shape, v.dtype) for v in values)
         return ir.passes.PassResult(model, modified=modified)
