@@ -17,14 +17,14 @@ from onnxfuse.fusion.plan import plan_fusion
 X = {"x": (4, 8)}
 
 
-def groups(m, **options) -> list[set[str]]:
-    graph = load_model(m)
+def groups(m, canonical=True, **options) -> list[set[str]]:
+    graph = load_model(m, canonical)
     plan = plan_fusion(graph, FusionOptions(**options))
     return [{graph.nodes[i].name for i in g.node_indices} for g in plan.groups]
 
 
-def reasons(m, **options) -> dict[str, str]:
-    graph = load_model(m)
+def reasons(m, canonical=True, **options) -> dict[str, str]:
+    graph = load_model(m, canonical)
     plan = plan_fusion(graph, FusionOptions(**options))
     return {graph.nodes[u.node_index].name: u.reason for u in plan.unfused}
 
@@ -288,9 +288,11 @@ def test_shape_computations_are_left_to_onnxruntime():
         X, ["y"],
         {"zero": np.array(0, dtype=np.int64), "axes": const_i64(0), "minus1": const_i64(-1)},
     )
-    why = reasons(m)
+    # The front end makes this shape a constant; the rule covers the shapes it cannot.
+    why = reasons(m, canonical=False)
     assert "computes a shape" in why["n"] and "computes a shape" in why["newshape"]
-    assert {"n", "n1", "newshape"}.isdisjoint(set().union(*groups(m)) if groups(m) else set())
+    found = groups(m, canonical=False)
+    assert {"n", "n1", "newshape"}.isdisjoint(set().union(*found) if found else set())
 
 
 def test_subgraph_reads_are_dataflow_edges():
@@ -398,6 +400,7 @@ def test_nodes_that_read_only_constants_are_left_to_onnxruntime():
         X, {"y": (4, 16)},
         {"wp": weights(2, 8, 8), "shape": const_i64(8, 16)},
     )
-    assert groups(m) == [{"mm", "y"}]
-    why = reasons(m)
+    # The front end folds this small weight; the rule covers what it leaves (over its size bound).
+    assert groups(m, canonical=False) == [{"mm", "y"}]
+    why = reasons(m, canonical=False)
     assert "reads only constants" in why["wt"] and "reads only constants" in why["w"]

@@ -1,4 +1,4 @@
-"""Load an ONNX file (or ModelProto) into onnxfuse's DAG, with inferred shapes where possible.
+"""Load an ONNX file (or ModelProto) into onnxfuse's DAG, canonicalized, with inferred shapes where possible.
 
 Every failure to read the input becomes a one-line `ModelLoadError`; a model whose shapes cannot be
 inferred still loads, with unknown shapes, because fusion needs only the dataflow.
@@ -15,17 +15,23 @@ from onnx import external_data_helper, helper
 
 from ..errors import ModelLoadError, first_line
 from ..ir import Dim, Graph, Node, Value
+from .canonicalize import canonicalize
 
 
-def load_model(source: str | os.PathLike | onnx.ModelProto) -> Graph:
-    """Read a model from a path (external data resolved beside it) or take a ModelProto."""
+def load_model(source: str | os.PathLike | onnx.ModelProto, canonical: bool = True) -> Graph:
+    """Read a model from a path (external data resolved beside it) or take a ModelProto.
+
+    `canonical`: run the front-end passes first (`canonicalize.py`); off only to test fusion
+    rules on patterns the passes would rewrite away."""
     if isinstance(source, onnx.ModelProto):
         model = source
         _check_is_model(model, "model")
+        model = canonicalize(model) if canonical else model
         return build_graph(model, _infer_shapes(model))
     path = Path(source)
     model = _read_without_external_data(path)
     _check_is_model(model, path)
+    model = canonicalize(model) if canonical else model
     # Infer before the external data comes in: a >2 GB proto cannot be serialized for inference.
     inferred = _infer_shapes(model)
     if _has_external_data(model):
