@@ -8,7 +8,6 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 
-
 def as_exported(model: onnx.ModelProto) -> onnx.ModelProto:
     """The same model with every initializer written as a Constant node, as PyTorch and
     Hummingbird export them."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
-
 from frontend_helpers import apply, assert_same_outputs, initializers, op_types, with_shapes
+from onnx import TensorProto, helper
 from onnx_builder import const_i64, model, node
+
 from onnxfuse.frontend.canonicalize import canonicalize
 from onnxfuse.frontend.fold_constants import FoldConstantsPass
 from onnxfuse.frontend.lift_constants import LiftConstantsPass

@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+from frontend_helpers import as_exported
 from onnx import TensorProto, helper
+from onnx_builder import const_i64, model, node, weights
+from onnxfuse.optimize import optimize
 
 import onnxfuse
-from frontend_helpers import as_exported
-from onnx_builder import const_i64, model, node, weights
 from onnxfuse.frontend.loader import load_model
 from onnxfuse.fusion.plan import plan_fusion
-from onnxfuse.optimize import optimize
 from onnxfuse.verify import quiet_session_options
 
 MODELS = Path(__file__).resolve().parent.parent / "models"

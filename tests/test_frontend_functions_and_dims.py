@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper
-
 from frontend_helpers import apply, assert_same_outputs, op_types, random_feeds, run
+from onnx import helper
 from onnx_builder import model, node
+
 from onnxfuse.frontend.canonicalize import canonicalize
 from onnxfuse.frontend.loader import load_model
 from onnxfuse.frontend.name_input_dims import NameUnknownInputDimsPass

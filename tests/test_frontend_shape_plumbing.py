@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-from onnx import helper
-
 from frontend_helpers import apply, assert_same_outputs, initializers, op_types, with_shapes
+from onnx import helper
 from onnx_builder import const_i64, model, node
+
 from onnxfuse.frontend.canonicalize import canonicalize
 from onnxfuse.frontend.loader import load_model
 from onnxfuse.frontend.shape_plumbing import INT64_MAX, ResolveShapePlumbingPass

@@ -12,9 +12,8 @@ import warnings
 
 import numpy as np
 import torch
-from torch import nn
-
 from corpus_common import HERE, SEED, failed_entry, save_model
+from torch import nn
 
 LEGACY_OPSET = 17
 DYNAMO_OPSET = 18
@@ -240,7 +239,7 @@ def _specs():
             outs = ["y", "h_n", "c_n"] if kind == "lstm" else ["y", "h_n"]
             specs.append(dict(
                 stem=stem,
-                make=(lambda k=kind, l=layers, b=bidir, s=with_state: SeqRNN(k, l, b, s)),
+                make=(lambda k=kind, n=layers, b=bidir, s=with_state: SeqRNN(k, n, b, s)),
                 computes=f"nn.{kind.upper()}(64, 128, num_layers={layers}, bidirectional={bidir}) "
                          f"over x [S, B, 64] (S=32 in the inputs), "
                          + ("initial states as inputs" if with_state else "zero initial states"),
@@ -260,7 +259,7 @@ def _specs():
         mask[1, 11:] = 0  # second sequence is padded
         ids[1, 11:] = 0
         specs.append(dict(
-            stem=f"bert_tiny_{layers}l", make=(lambda l=layers: BertEncoder(l)),
+            stem=f"bert_tiny_{layers}l", make=(lambda n=layers: BertEncoder(n)),
             computes=f"transformers BertModel, random weights, vocab 1000, hidden 64, {layers} "
                      "layers, 4 heads, intermediate 128, eager attention; returns "
                      "last_hidden_state [B, S, 64] and pooler_output [B, 64]",

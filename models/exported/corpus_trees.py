@@ -13,7 +13,6 @@ import tempfile
 import warnings
 
 import numpy as np
-
 from corpus_common import HERE, SEED, failed_entry, higgs_like, save_model
 
 STRATEGIES = ("tree_trav", "perf_tree_trav", "gemm")

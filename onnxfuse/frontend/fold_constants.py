@@ -92,7 +92,8 @@ def _evaluate(node: ir.Node, inputs: list[np.ndarray | None], opset: int) -> lis
         graph_inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape))
     outputs = [helper.make_tensor_value_info(o.name, int(o.dtype), None) for o in node.outputs]
     graph = helper.make_graph([proto], "fold", graph_inputs, outputs)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)  # what onnxruntime 1.20+ reads
+    # IR version 10: what onnxruntime 1.20+ reads
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3

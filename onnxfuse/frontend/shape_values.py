@@ -109,7 +109,8 @@ def _evaluate(node: ir.Node, lookup) -> ShapeValue | None:
         return _slice(node, first, lookup)
     if op == "Reshape" and first is not None and not first.scalar:
         target = lookup(node.inputs[1])
-        return ShapeValue(first.elements) if target is not None and list(target.elements) in ([-1], [len(first.elements)]) else None
+        flattened_whole = target is not None and list(target.elements) in ([-1], [len(first.elements)])
+        return ShapeValue(first.elements) if flattened_whole else None
     if op == "Equal":
         return _elementwise(lookup(node.inputs[0]), lookup(node.inputs[1]), _equal)
     if op == "Where":
