@@ -66,9 +66,13 @@ def inspect(model: str, max_depth: int, max_inputs: int, max_duplication: int, a
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Where to write the fused model (default: MODEL's stem + .fused.onnx). The library goes beside it.")
-@click.option("--target", type=click.Choice(["native", "x86_64", "aarch64"]), default="native", show_default=True,
-              help="CPU to compile for: this machine (x86-64 or aarch64), portable x86-64, or aarch64 Linux "
-                   "(cross-compiled).")
+@click.option("--target", type=click.Choice(["portable", "native", "x86_64", "aarch64"]), default="portable",
+              show_default=True,
+              help="CPUs to compile for. portable: any CPU of this machine's architecture (x86-64 or aarch64); each "
+                   "kernel is built per ISA level (x86-64: baseline, v3/AVX2, v4/AVX-512) and the library runs the "
+                   "best one the serving CPU has. native: this machine's CPU only (the library refuses CPUs "
+                   "without its features). x86_64 / aarch64: portable for that architecture (aarch64 is "
+                   "cross-compiled). --mcpu/--mattr build one level, for that CPU.")
 @click.option("--mcpu", help="LLVM CPU name to tune for, e.g. neoverse-n1 or skylake.")
 @click.option("--mattr", help="Comma-separated LLVM CPU features, e.g. +neon,+dotprod.")
 @with_fusion_options

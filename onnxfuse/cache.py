@@ -147,6 +147,7 @@ class KernelCache:
                 small_batch_below=int(meta["small_batch_below"]),
                 row_work=int(meta["row_work"]),
                 serial_variant=bool(meta["serial_variant"]),
+                levels=tuple(meta["levels"]),
             )
             return GroupKernel(spec, tuple(meta["arg_sources"]), weights), meta["info"]
         except FileNotFoundError as missing:
@@ -188,6 +189,7 @@ def _meta_json(key: str, kernel: GroupKernel, info: dict, files: dict[str, bytes
         "small_batch_below": kernel.spec.small_batch_below,
         "row_work": kernel.spec.row_work,
         "serial_variant": kernel.spec.serial_variant,
+        "levels": list(kernel.spec.levels),
         "info": info,
     }
     # Round-trip first, so the checksum covers exactly what a reader will parse back.

@@ -102,6 +102,12 @@ def serial_variant_name(name: str) -> str:
     return f"{name}_serial"
 
 
+def level_kernel_name(name: str, level_suffix: str, levels: int) -> str:
+    """The name of kernel `name` built for one ISA level, when the object holds `levels` of them:
+    `<name>__<suffix>`, or `name` itself for a single-level build."""
+    return f"{name}__{level_suffix}" if levels > 1 else name
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """One compiled kernel: `__tvm_ffi_<name>` in `object_file`, called as (inputs..., outputs...).
@@ -113,7 +119,10 @@ class KernelSpec:
     product times row_work is worth waking it. serial_variant: the object also holds
     `__tvm_ffi_<name>_serial`, the main schedule with a serial row loop, which the runtime calls
     instead of running the parallel kernel's tasks one after another on the calling thread
-    (measured 5-16% faster there; see codegen.schedule.needs_serial_variant)."""
+    (measured 5-16% faster there; see codegen.schedule.needs_serial_variant). levels: the
+    suffixes of the ISA levels the object holds, best first (onnxfuse.target.IsaLevel.suffix);
+    with more than one, every entry point above exists once per level, named by
+    level_kernel_name (empty: one level, unsuffixed)."""
 
     name: str
     inputs: tuple[TensorSpec, ...]
@@ -122,6 +131,11 @@ class KernelSpec:
     small_batch_below: int = 0
     row_work: int = 0
     serial_variant: bool = False
+    levels: tuple[str, ...] = ()
+
+    def level_name(self, level_suffix: str) -> str:
+        """This kernel's name as built for one of its levels (variants append to it)."""
+        return level_kernel_name(self.name, level_suffix, len(self.levels))
 
     @property
     def small_name(self) -> str:

@@ -37,7 +37,7 @@ from .select import SELECTIONS
 from .select.auto import auto_rejects
 from .select.measured import judge_groups
 from .select.whole_model import check_whole_model
-from .target import Target, resolve_target
+from .target import DEFAULT_TARGET, Target, resolve_target
 from .workers import run_with_deadline
 
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # bytes; protobuf cannot hold 2 GB
@@ -47,7 +47,7 @@ EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # bytes; protobuf cannot hold 2 GB
 class OptimizeOptions:
     """Everything that decides what optimize builds (see `optimize` for each field)."""
 
-    target: str = "native"
+    target: str = DEFAULT_TARGET
     mcpu: str | None = None
     mattr: str | None = None
     max_depth: int = 256
@@ -143,7 +143,7 @@ def optimize(model: str | os.PathLike, output: str | os.PathLike | None = None, 
     """Fuse and compile `model`; returns the written paths, the plan and each group's outcome.
 
     Options (keywords; see OptimizeOptions):
-    target / mcpu / mattr: the CPU to build for ("native", "x86_64", "aarch64").
+    target / mcpu / mattr: the CPUs to build for ("portable", "native", "x86_64", "aarch64"; target.py).
     max_depth / max_inputs / max_duplication: the fusion bounds.
     cache_dir: a directory, True for the default (~/.cache/onnxfuse or $ONNXFUSE_CACHE_DIR),
     or False/None to compile everything afresh.
@@ -259,7 +259,7 @@ def _run_compiles(pending: dict, tgt: Target, build_dir: Path, jobs: int | None,
     jobs=1 without a deadline (the cheapest way for tests and small models).
     """
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(pending)))
-    target_args = (tgt.name, tgt.mcpu, ",".join(tgt.mattr) or None)
+    target_args = tgt.args
     tasks = {key: (model_bytes, name, target_args, str(build_dir), verify, dup)
              for key, (model_bytes, name, dup) in pending.items()}
     if jobs == 1 and timeout is None:

@@ -21,9 +21,10 @@ import tvm
 from onnx import numpy_helper
 
 from ..errors import CompileError, short_reason
-from ..kernel_spec import KernelSpec, TensorSpec, serial_variant_name, small_variant_name
+from ..kernel_spec import KernelSpec, TensorSpec, level_kernel_name, serial_variant_name, small_variant_name
 from ..target import Target
 from . import bounds, ieee_order, nan_propagation, param_alignment, reduction_identities, register_file, relax_import, schedule
+from .level_objects import join_levels
 from .register_file import AVX512, RegisterFile
 
 
@@ -115,21 +116,32 @@ def build_module(funcs: dict, tvm_target):
         return tvm.compile(tvm.IRModule(fenced), target=tvm_target)
 
 
-def build_object(funcs: dict, name: str, target: Target, out_dir: pathlib.Path) -> pathlib.Path:
+def build_object(level_funcs: list, name: str, target: Target, out_dir: pathlib.Path) -> pathlib.Path:
+    """`out_dir/<name>.o` from (level, functions) pairs, one per ISA level of `target`. One level
+    is built straight into it; several are built apart and joined (level_objects.py)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.o"
-    build_module(funcs, target.tvm_target()).mod.write_to_file(str(path))
-    return path
+    if len(level_funcs) == 1:
+        level, funcs = level_funcs[0]
+        build_module(funcs, target.tvm_target(level)).mod.write_to_file(str(path))
+        return path
+    parts = []
+    for level, funcs in level_funcs:
+        part = out_dir / f"{name}.{level.suffix}.o"
+        build_module(funcs, target.tvm_target(level)).mod.write_to_file(str(part))
+        parts.append(part)
+    return join_levels(parts, path, target)
 
 
 def _variants(fused, name: str, max_duplication: int, small_variant: bool | None, registers: RegisterFile,
-              allow_parallel: bool = True):
+              allow_parallel: bool = True, serial_variant: bool | None = None):
     """The kernel's functions (name → scheduled, index-checked PrimFunc), the main schedule's
     stats and the number of index checks. small_variant=None decides by the main schedule
     (schedule.needs_small_batch_variant); the variant is named by small_variant_name. A parallel
     main schedule also gets its serial twin, named by serial_variant_name, unless the kernel has
     data-dependent gathers (index checks): a depth-8 tree chain ran no faster with its twin
-    (24.8 -> 24.1 us at batch 64, 289 -> 287 us at 1,000) and took 25-45% longer to compile."""
+    (24.8 -> 24.1 us at batch 64, 289 -> 287 us at 1,000) and took 25-45% longer to compile.
+    serial_variant=True/False overrides that choice (every ISA level must have the same variants)."""
     scheduled, stats = _schedule_or_plain(fused, registers, allow_parallel, max_duplication=max_duplication)
     checked, n_checks = bounds.add_index_checks(scheduled, name)
     funcs = {name: checked.with_attr("global_symbol", name)}
@@ -143,9 +155,28 @@ def _variants(fused, name: str, max_duplication: int, small_variant: bool | None
         small_variant = schedule.needs_small_batch_variant(stats)
     if small_variant:
         add_variant(small_variant_name(name), allow_parallel=allow_parallel, small_batch=True)
-    if schedule.needs_serial_variant(stats) and not n_checks:
+    if serial_variant is None:
+        serial_variant = schedule.needs_serial_variant(stats) and not n_checks
+    if serial_variant:
         add_variant(serial_variant_name(name), allow_parallel=False)
     return funcs, stats, n_checks
+
+
+def _level_variants(fused, name: str, target: Target, max_duplication: int):
+    """Every ISA level's functions, as [(level, {name: PrimFunc})], best level first; the best
+    level's schedule stats and index checks. Each level is scheduled for its own register file
+    (register_file.py); the best level decides which variants exist, and the others follow it,
+    so the library's table is one shape for all levels."""
+    level_funcs, small, serial, best = [], None, None, None
+    for level in target.levels:
+        base = level_kernel_name(name, level.suffix, len(target.levels))
+        registers = register_file.for_target(target.tvm_target(level))
+        funcs, stats, n_checks = _variants(fused, base, max_duplication, small, registers, serial_variant=serial)
+        if best is None:
+            best = (stats, n_checks)
+            small, serial = small_variant_name(base) in funcs, serial_variant_name(base) in funcs
+        level_funcs.append((level, funcs))
+    return level_funcs, best[0], best[1], small, serial
 
 
 def compile_group(
@@ -166,17 +197,17 @@ def compile_group(
         raise CompileError(f"name: {name!r} is not a C identifier")
     stats: dict = {}
     group = _stage("import", stats, lambda: relax_import.import_group(model, name))
-    registers = register_file.for_target(target.tvm_target())
-    funcs, sched_stats, n_checks = _stage("schedule", stats,
-                                          lambda: _variants(group.prim_func, name, max_duplication, None, registers))
-    obj = _stage("build", stats, lambda: build_object(funcs, name, target, pathlib.Path(out_dir)))
+    registers = register_file.for_target(target.tvm_target())  # the best level's: see CompiledGroup._kernel
+    level_funcs, sched_stats, n_checks, small_variant, serial_variant = _stage(
+        "schedule", stats, lambda: _level_variants(group.prim_func, name, target, max_duplication))
+    obj = _stage("build", stats, lambda: build_object(level_funcs, name, target, pathlib.Path(out_dir)))
     stats.update(sched_stats.as_dict())
     stats["max_duplication"] = max_duplication
     stats["index_checks"] = n_checks
-    small_below = schedule.SMALL_BATCH_ROWS if small_variant_name(name) in funcs else 0
+    small_below = schedule.SMALL_BATCH_ROWS if small_variant else 0
     stats["small_batch_variant_below"] = small_below
-    serial_variant = serial_variant_name(name) in funcs
     stats["serial_variant"] = serial_variant
+    stats["isa_levels"] = ",".join(level.name for level in target.levels)
     stats["fused_prim_funcs"] = 1  # import_group fails unless main calls exactly one PrimFunc
 
     inputs = tuple(TensorSpec(dtype, dims) for dtype, dims in group.input_types)
@@ -184,7 +215,8 @@ def compile_group(
     try:
         spec = KernelSpec(name, inputs, outputs, str(obj), small_batch_below=small_below,
                           row_work=sched_stats.row_work if sched_stats.symbolic_rows else 0,
-                          serial_variant=serial_variant)
+                          serial_variant=serial_variant,
+                          levels=tuple(level.suffix for level in target.levels) if len(target.levels) > 1 else ())
     except ValueError as exc:
         raise CompileError(f"spec: {exc}") from exc
     return CompiledGroup(spec, tuple(group.arg_sources), dict(group.extra_weights), stats, model, group.prim_func,

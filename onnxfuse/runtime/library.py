@@ -11,8 +11,14 @@ indexes the kernel's own list of symbol names (in order of first appearance in t
 An output with derived dims (symbol * multiplier // divisor) also gets a (multiplier, divisor)
 pair per dim, (1, 1) for plain ones; other tensors have none (NULL).
 
-The library exports only `RegisterCustomOps` (a version script hides the kernels too, so two
-onnxfuse libraries in one process never bind each other's symbols) and has no dependency on TVM:
+Kernels built for several ISA levels (KernelSpec.levels) get one table per level, and the glue
+runs the best level the CPU supports, chosen once (docs/portability.md): the generated source
+lists the levels best first, each with a function that asks the CPU for every feature the level
+needs (gcc's __builtin_cpu_supports on x86-64, the Linux HWCAP bits on aarch64).
+
+The library exports only `RegisterCustomOps` and `onnxfuse_isa_level` (the level it runs; a
+version script hides the kernels too, so two onnxfuse libraries in one process never bind each
+other's symbols) and has no dependency on TVM:
 TVM's calling convention is compiled in from the headers the installed apache-tvm-ffi and
 apache-tvm wheels ship (see tvm_abi.h), for every target alike.
 """
@@ -22,20 +28,22 @@ from __future__ import annotations
 import functools
 import os
 import pathlib
+import platform
 import secrets
 import shlex
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..errors import CompileError
-from ..kernel_spec import DerivedDim, KernelSpec
+from ..kernel_spec import DerivedDim, KernelSpec, serial_variant_name, small_variant_name
 from ..target import default_cc, missing_compiler_message
 
 RUNTIME_DIR = pathlib.Path(__file__).resolve().parent
 GLUE_SOURCE = RUNTIME_DIR / "onnxfuse_runtime.c"
 KERNEL_TABLE = "onnxfuse_kernels.inc"  # the name the glue #includes
-EXPORTS = "{ global: RegisterCustomOps; local: *; };\n"
+EXPORTS = "{ global: RegisterCustomOps; onnxfuse_isa_level; local: *; };\n"
 MAX_MESSAGE_LINES = 20
 
 
@@ -52,6 +60,7 @@ def build_library(kernels: Sequence[KernelSpec], out_path, target=None, cc: str 
     names = [k.name for k in kernels]
     if len(set(names)) != len(names):
         raise ValueError(f"kernel names must be unique, got {names}")
+    levels = table_levels(kernels, target)
     compiler = cc or (target.cc if target is not None else default_cc())
     target_name = target.name if target is not None else "native"
     out_path = pathlib.Path(out_path)
@@ -59,12 +68,13 @@ def build_library(kernels: Sequence[KernelSpec], out_path, target=None, cc: str 
 
     with tempfile.TemporaryDirectory(prefix="onnxfuse-build-") as build_dir:
         build = pathlib.Path(build_dir)
-        (build / KERNEL_TABLE).write_text(kernel_table_source(kernels))
+        (build / KERNEL_TABLE).write_text(kernel_table_source(kernels, levels, target.arch if target else None))
         (build / "exports.map").write_text(EXPORTS)
         # Linked under a unique name beside the target, then renamed: readers never see half a file.
         partial = str(out_path.parent / f".{out_path.name}.{os.getpid()}.{secrets.token_hex(4)}.partial")
         command = [
-            *shlex.split(compiler), "-std=gnu11", "-O2", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
+            *shlex.split(compiler), "-std=gnu11", "-O2", *glue_arch_flags(target), "-fPIC", "-shared", "-pthread",
+            "-fvisibility=hidden",
             f"-I{build}", f"-I{RUNTIME_DIR}", *(f"-I{path}" for path in tvm_include_dirs()),
             str(GLUE_SOURCE), *(str(k.object_file) for k in kernels),
             f"-Wl,--version-script={build / 'exports.map'}", "-Wl,--no-undefined",
@@ -90,22 +100,58 @@ def tvm_include_dirs() -> tuple[str, ...]:
                                 tvm.libinfo.find_include_path()]))
 
 
-def kernel_table_source(kernels: Sequence[KernelSpec]) -> str:
-    """The C kernel table for `kernels` (see the module docstring for the encoding)."""
+@dataclass(frozen=True)
+class TableLevel:
+    """One ISA level as the kernel table names it: its name, the suffix of its entry points
+    (empty for a single-level build) and the CPU features the glue checks before using it."""
+
+    name: str
+    suffix: str = ""
+    requires: tuple[str, ...] = ()
+
+
+UNCHECKED = TableLevel("unchecked")  # a library built without a target: one level, no CPU check
+
+# Linux's AT_HWCAP bits on arm64 (arch/arm64/include/uapi/asm/hwcap.h), by the names target.py uses.
+AARCH64_HWCAP_BITS = {"fp": 0, "asimd": 1, "aes": 3, "pmull": 4, "sha1": 5, "sha2": 6, "crc32": 7, "atomics": 8,
+                      "fphp": 9, "asimdhp": 10, "asimdrdm": 12, "jscvt": 13, "fcma": 14, "lrcpc": 15, "dcpop": 16,
+                      "sha3": 17, "asimddp": 20, "sha512": 21, "sve": 22, "asimdfhm": 23}
+
+
+def table_levels(kernels: Sequence[KernelSpec], target=None) -> list[TableLevel]:
+    """The levels the library's table holds: the target's (every kernel must have been built for
+    exactly them), or one unchecked level without a target."""
+    if target is None:
+        if any(k.levels for k in kernels):
+            raise ValueError("kernels built for several ISA levels need the target that built them")
+        return [UNCHECKED]
+    multi = len(target.levels) > 1
+    levels = [TableLevel(lv.name, lv.suffix if multi else "", lv.requires) for lv in target.levels]
+    expected = tuple(lv.suffix for lv in levels) if multi else ()
+    for kernel in kernels:
+        if tuple(kernel.levels) != expected:
+            raise ValueError(f"kernel {kernel.name} holds ISA levels {list(kernel.levels)}, the target {list(expected)}")
+    return levels
+
+
+def glue_arch_flags(target) -> list[str]:
+    """The glue runs before any level is chosen, so it is built for the architecture's baseline,
+    whatever the compiler's own default (CC may say -march=native)."""
+    arch = target.arch if target is not None else platform.machine()
+    return {"x86_64": ["-march=x86-64", "-mtune=generic"], "aarch64": ["-march=armv8-a"]}.get(arch, [])
+
+
+def kernel_table_source(kernels: Sequence[KernelSpec], levels: Sequence[TableLevel] = (UNCHECKED,),
+                        arch: str | None = None) -> str:
+    """The C kernel table for `kernels` (see the module docstring for the encoding): the shapes
+    once, then one KERNELS_<i> table of entry points per level, then LEVELS, best first."""
     lines = ["/* Generated by onnxfuse.runtime.library. Do not edit. */"]
-    entries = []
+    entries: list[list[str]] = [[] for _ in levels]
     for index, kernel in enumerate(kernels):
         prefix = f"k{index}"
         symbols = kernel_symbols(kernel)
         tensors = [*kernel.inputs, *kernel.outputs]
         dims = [encode_dim(d, symbols) for t in tensors for d in t.shape]
-        entry_points = ([kernel.name] + ([kernel.small_name] if kernel.small_batch_below else [])
-                        + ([kernel.serial_name] if kernel.serial_variant else []))
-        for entry in entry_points:
-            lines.append(f"int __tvm_ffi_{entry}(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *ret);")
-        small = (f"__tvm_ffi_{kernel.small_name}, {int(kernel.small_batch_below)}" if kernel.small_batch_below
-                 else "NULL, 0")
-        serial = f"__tvm_ffi_{kernel.serial_name}" if kernel.serial_variant else "NULL"
         if dims:
             lines.append(f"static const int64_t {prefix}_dims[] = {{{', '.join(map(str, dims))}}};")
         offset = 0
@@ -124,14 +170,40 @@ def kernel_table_source(kernels: Sequence[KernelSpec]) -> str:
             lines.append(f"static const tensor_desc {prefix}_{role}[] = {{{', '.join(descs)}}};")
         if symbols:
             lines.append(f"static const char *const {prefix}_symbols[] = {{{', '.join(map(c_string, symbols))}}};")
-        entries.append(
-            f"    {{{c_string(kernel.name)}, __tvm_ffi_{kernel.name}, {small}, {serial}, {int(kernel.row_work)}, "
-            f"{len(kernel.inputs)}, {f'{prefix}_inputs' if kernel.inputs else 'NULL'}, "
-            f"{len(kernel.outputs)}, {f'{prefix}_outputs' if kernel.outputs else 'NULL'}, "
-            f"{len(symbols)}, {f'{prefix}_symbols' if symbols else 'NULL'}}},"
-        )
-    lines += ["static const kernel_desc KERNELS[] = {", *entries, "};", ""]
+        for level, level_entries in zip(levels, entries):
+            name = kernel.level_name(level.suffix) if level.suffix else kernel.name
+            small_name, serial_name = small_variant_name(name), serial_variant_name(name)
+            entry_points = ([name] + ([small_name] if kernel.small_batch_below else [])
+                            + ([serial_name] if kernel.serial_variant else []))
+            for entry in entry_points:
+                lines.append(f"int __tvm_ffi_{entry}(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *ret);")
+            small = f"__tvm_ffi_{small_name}, {int(kernel.small_batch_below)}" if kernel.small_batch_below else "NULL, 0"
+            serial = f"__tvm_ffi_{serial_name}" if kernel.serial_variant else "NULL"
+            level_entries.append(
+                f"    {{{c_string(kernel.name)}, __tvm_ffi_{name}, {small}, {serial}, {int(kernel.row_work)}, "
+                f"{len(kernel.inputs)}, {f'{prefix}_inputs' if kernel.inputs else 'NULL'}, "
+                f"{len(kernel.outputs)}, {f'{prefix}_outputs' if kernel.outputs else 'NULL'}, "
+                f"{len(symbols)}, {f'{prefix}_symbols' if symbols else 'NULL'}}},"
+            )
+    lines.append(f"#define NUM_KERNELS {len(kernels)}")
+    level_rows = []
+    for index, (level, level_entries) in enumerate(zip(levels, entries)):
+        lines += [f"static const kernel_desc KERNELS_{index}[] = {{", *level_entries, "};"]
+        lines.append(f"static int cpu_supports_{index}(void) {{ return {cpu_check(level.requires, arch)}; }}")
+        level_rows.append(f"    {{{c_string(level.name)}, {c_string(' '.join(level.requires))}, cpu_supports_{index}, "
+                          f"KERNELS_{index}}},")
+    lines += ["static const isa_level LEVELS[] = {", *level_rows, "};", ""]
     return "\n".join(lines)
+
+
+def cpu_check(requires: Sequence[str], arch: str | None) -> str:
+    """A C expression that is true on a CPU with every feature in `requires`."""
+    if not requires:
+        return "1"
+    if arch == "aarch64":
+        mask = sum(1 << AARCH64_HWCAP_BITS[f] for f in requires)
+        return f"(getauxval(AT_HWCAP) & {mask:#x}UL) == {mask:#x}UL"
+    return " && ".join(f"__builtin_cpu_supports({c_string(f)})" for f in requires)
 
 
 def kernel_symbols(kernel: KernelSpec) -> list[str]:
