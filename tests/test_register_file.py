@@ -31,7 +31,7 @@ from onnxfuse.target import resolve_target
     ("native", "znver4", AVX512),
     ("native", "haswell", AVX2),
     ("native", "sandybridge", AVX2),  # AVX without AVX2: still 16 ymm registers
-    ("x86_64", None, SSE),
+    ("x86_64", "x86-64", SSE),  # the portable baseline level
     ("aarch64", None, NEON),
     ("aarch64", "neoverse-n1", NEON),
 ])

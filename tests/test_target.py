@@ -68,7 +68,7 @@ def test_a_cpu_or_feature_llvm_does_not_know_is_a_usage_error(args, message, tmp
 
 @pytest.mark.parametrize("name, mcpu, mattr, expected", [
     ("native", "skylake-avx512", "+avx512f,-avx512bw", ("skylake-avx512", ("+avx512f", "-avx512bw"))),
-    ("x86_64", None, "+avx2", ("x86-64-v2", ("+avx2",))),
+    ("x86_64", None, "+avx2", ("x86-64", ("+avx2",))),  # features alone: one level on the baseline CPU
     ("aarch64", "neoverse-n1", "+neon,+dotprod", ("neoverse-n1", ("+neon", "+dotprod"))),
     ("aarch64", "cortex-a72", None, ("cortex-a72", ("+neon",))),
 ])
