@@ -84,7 +84,11 @@ def inspect(model: str, max_depth: int, max_inputs: int, max_duplication: int, a
 @click.option("--cache-dir", type=click.Path(file_okay=False),
               help="Kernel cache (default: $ONNXFUSE_CACHE_DIR or ~/.cache/onnxfuse).")
 @click.option("--no-cache", is_flag=True, help="Compile every kernel afresh.")
-@click.option("--no-verify", is_flag=True, help="Skip checking each kernel against onnxruntime on random inputs.")
+@click.option("--no-verify", is_flag=True,
+              help="Skip checking each kernel, and the written model with its library, against onnxruntime.")
+@click.option("--inputs", type=click.Path(dir_okay=False, exists=True),
+              help="An .npz of model inputs for the final check of the written model against the original "
+                   "(default: random inputs). Groups that make it differ fall back.")
 @click.option("--select", type=click.Choice(["auto", "all", "measured"]), default="auto", show_default=True,
               help="Which compiled groups to use. auto: all but those onnxruntime still runs much faster "
                    "(convolutions, pooling); all: every group; measured: time each kernel against onnxruntime "
@@ -98,7 +102,7 @@ def inspect(model: str, max_depth: int, max_inputs: int, max_duplication: int, a
 @clean_errors
 def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, max_duplication, jobs, compile_timeout,
              report_path, cache_dir,
-             no_cache, no_verify, select, select_batches, threads, quiet) -> None:
+             no_cache, no_verify, inputs, select, select_batches, threads, quiet) -> None:
     """Fuse MODEL, compile each group into one kernel, and write the fused model + its library."""
     from onnxfuse.pipeline import optimize as run_optimize
     from onnxfuse.progress import Progress
@@ -108,7 +112,7 @@ def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, max_dupl
         max_duplication=max_duplication,
         jobs=jobs, cache_dir=False if no_cache else (cache_dir or True), verify=not no_verify,
         select=select, select_batches=parse_sizes(select_batches, "--select-batch"),
-        threads=parse_sizes(threads, "--threads"), compile_timeout=compile_timeout,
+        threads=parse_sizes(threads, "--threads"), compile_timeout=compile_timeout, inputs=inputs,
         progress=Progress(enabled=not quiet),
     )
     report = result.report

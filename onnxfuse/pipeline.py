@@ -36,6 +36,7 @@ from .runtime.library import build_library
 from .select import SELECTIONS
 from .select.auto import auto_rejects
 from .select.measured import judge_groups
+from .select.shipped import ShippedCheck, check_shipped
 from .select.whole_model import check_whole_model
 from .target import DEFAULT_TARGET, Target, resolve_target
 from .workers import run_with_deadline
@@ -60,6 +61,7 @@ class OptimizeOptions:
     select_batches: tuple[int, ...] = (1, 64)
     threads: tuple[int, ...] = (1,)
     compile_timeout: float | None = None
+    inputs: str | os.PathLike | None = None  # an .npz for the shipped check (default: random inputs)
 
     def __post_init__(self):
         if self.select not in SELECTIONS:
@@ -109,6 +111,7 @@ class OptimizeResult:
     outcomes: list[GroupOutcome]
     seconds: float
     measured: dict = field(default_factory=dict)  # --select measured: copy bandwidth, whole-model check
+    shipped_check: dict = field(default_factory=dict)  # the written model against the original (select/shipped.py)
 
     @property
     def report(self) -> dict:
@@ -125,6 +128,7 @@ class OptimizeResult:
             "groups": [o.to_json() for o in self.outcomes],
             "unfused": [u.to_json() for u in self.plan.unfused],
             **({"measured": self.measured} if self.measured else {}),
+            **({"shipped_check": self.shipped_check} if self.shipped_check else {}),
         }
 
 
@@ -177,15 +181,17 @@ def run_pipeline(model_path: Path, out_path: Path | None, options: OptimizeOptio
         fused = [(o.group, o.kernel) for o in outcomes if o.kernel is not None]
         out_path.parent.mkdir(parents=True, exist_ok=True)
         library = library_path_for(out_path) if fused else None
-        staged_library = _build_library([k for _, k in fused], library, tgt) if library else None
-        packaged = package_model(graph, fused, library.name, tgt.name) if fused else graph.model
+        packaged, staged_library, shipped = _package_checked(model_path, graph, fused, library, tgt, options, progress)
+        outcomes = [o.fallen_back(shipped.dropped[o.group.name]) if o.group.name in shipped.dropped else o
+                    for o in outcomes]
+        library = library if staged_library else None
         staged_model = _stage_model(packaged, out_path)
         # Both files are complete on disk; now make them visible, library first.
         if staged_library:
             os.replace(staged_library, library)
         for staged, final in staged_model:
             os.replace(staged, final)
-    return OptimizeResult(out_path, library, plan, outcomes, time.perf_counter() - started, measured)
+    return OptimizeResult(out_path, library, plan, outcomes, time.perf_counter() - started, measured, shipped.summary)
 
 
 # -- compiling every group ----------------------------------------------------------------------
@@ -282,6 +288,29 @@ def _build_library(kernels: list[GroupKernel], library: Path, tgt: Target) -> Pa
         staged.unlink(missing_ok=True)
         raise
     return staged
+
+
+def _package_checked(model_path: Path, graph: Graph, fused: list, library: Path | None, tgt: Target,
+                     options: OptimizeOptions, progress: Progress):
+    """The model and staged library to ship, after the shipped check (select/shipped.py) has run
+    them against the original and fallen back the groups that made them differ."""
+
+    def package(kept):  # the model and its staged library (rebuilt in place) for the groups kept
+        staged = _build_library([k for _, k in kept], library, tgt) if kept else None
+        return (package_model(graph, kept, library.name, tgt.name) if kept else graph.model), staged
+
+    packaged, staged = package(fused)
+    try:
+        if not options.verify:
+            return packaged, staged, ShippedCheck(packaged, staged, summary={"checked": False, "why": "--no-verify"})
+        shipped = check_shipped(model_path, fused, package, packaged, staged, options.inputs, progress.note)
+    except BaseException:
+        if staged:
+            staged.unlink(missing_ok=True)
+        raise
+    if staged and shipped.library is None:  # every group fell back: no library ships
+        staged.unlink(missing_ok=True)
+    return shipped.model, shipped.library, shipped
 
 
 def _stage_model(model: onnx.ModelProto, out_path: Path) -> list[tuple[Path, Path]]:
