@@ -7,6 +7,9 @@ A GEMM group over a symbolic batch gets a second function in the same object, `<
 scheduled for batches below schedule.SMALL_BATCH_ROWS (see schedule.needs_small_batch_variant),
 and a kernel with a parallel row loop over a symbolic batch gets `<name>_serial`, the same
 schedule with that loop serial, for calls that do not use the pool (schedule.needs_serial_variant).
+A target with several ISA levels gets all of that once per level, under level-suffixed names
+(kernel_spec.level_kernel_name), each scheduled for its level's registers, in one object
+(level_objects.py); the library picks the level at load (docs/portability.md).
 """
 
 from __future__ import annotations
