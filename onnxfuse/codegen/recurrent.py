@@ -48,6 +48,22 @@ SEQ, BATCH = "seq", "batch"
 F32, I64 = "float32", "int64"
 
 
+class _RegisterTile:
+    """A register tile as one small buffer per row (indexed by a Python int). TVM gives a CPU
+    buffer a stack array only under 1,024 bytes (else a workspace, whose pointer LLVM must assume
+    aliases the state it reads); on the stack, LLVM keeps the tile in registers across k."""
+
+    def __init__(self, rows: int, vectors: int, lanes: int):
+        self.rows = [T.alloc_buffer((vectors, lanes), F32) for _ in range(rows)]
+
+    def __getitem__(self, index):
+        r, g, v = index
+        return self.rows[r][g, v]
+
+    def store(self, value, r: int, g, v) -> None:
+        T.buffer_store(self.rows[r], value, [g, v])
+
+
 def _i64(value):
     return tvm.tirx.const(value, I64) if isinstance(value, int) else value
 
@@ -98,6 +114,7 @@ class _KernelWriter:
         with IRBuilder() as builder:
             with T.prim_func():
                 T.func_name(name)
+                T.func_attr({"tir.noalias": True})
                 handles = [T.arg(pname, T.handle()) for pname, _, _ in params]
                 bound = {pname: T.match_buffer(h, shape, dtype) for h, (pname, shape, dtype) in zip(handles, params)}
                 b = _Buffers(**{k: bound.get(k) for k in ("x", "w_in", "w_rec", "b_in", "b_rec", "peep", "seq_lens",
@@ -109,8 +126,8 @@ class _KernelWriter:
                 if self.op.op_type == "GRU" and not self.op.linear_before_reset:
                     b.rh = T.alloc_buffer((TILE_ROWS, hp), F32)
                     b.z = T.alloc_buffer((TILE_ROWS, hp), F32)
-                b.acc = T.alloc_buffer((TILE_ROWS, self.gates, self.lanes), F32, scope="local")
-                b.acc_in = T.alloc_buffer((PROJECTION_ROWS, 4, self.lanes), F32, scope="local")
+                b.acc = _RegisterTile(TILE_ROWS, self.gates, self.lanes)
+                b.acc_in = _RegisterTile(PROJECTION_ROWS, 4, self.lanes)
                 for d in range(len(self.op.directions)):
                     with T.serial(_i64(0), self.batch // TILE_ROWS) as tile:
                         self.tile(b, d, tile * TILE_ROWS, TILE_ROWS)
@@ -162,18 +179,18 @@ class _KernelWriter:
         per_tile = next(n for n in (4, 3, 2, 1) if columns % n == 0)  # vectors per register tile
         acc = b.acc_in
         with T.serial(_i64(0), _i64(columns // per_tile)) as cb:
-            with T.unroll(_i64(0), _i64(count)) as q:
+            for q in range(count):
                 with T.unroll(_i64(0), _i64(per_tile)) as c:
                     with T.vectorized(_i64(0), _i64(v_lanes)) as v:
-                        T.buffer_store(acc, b.b_in[d, cb * per_tile + c, v], [q, c, v])
+                        acc.store(b.b_in[d, cb * per_tile + c, v], q, c, v)
             with T.serial(_i64(0), _i64(self.op.input_size)) as k:
-                with T.unroll(_i64(0), _i64(count)) as q:
+                for q in range(count):
                     pair = q0 + q
                     xk = self.x_at(b, pair // rows, row0 + pair % rows, k)
                     with T.unroll(_i64(0), _i64(per_tile)) as c:
                         with T.vectorized(_i64(0), _i64(v_lanes)) as v:
-                            T.buffer_store(acc, acc[q, c, v] + xk * b.w_in[d, k, cb * per_tile + c, v], [q, c, v])
-            with T.unroll(_i64(0), _i64(count)) as q:
+                            acc.store(acc[q, c, v] + xk * b.w_in[d, k, cb * per_tile + c, v], q, c, v)
+            for q in range(count):
                 with T.unroll(_i64(0), _i64(per_tile)) as c:
                     with T.vectorized(_i64(0), _i64(v_lanes)) as v:
                         T.buffer_store(b.xp, acc[q, c, v], [q0 + q, cb * per_tile + c, v])
@@ -181,16 +198,16 @@ class _KernelWriter:
     # -- one time step ------------------------------------------------------------------------
     def recurrent_sum(self, b, d, rows, lhs, lhs_index, jb, gates, first_gate=0, start=None):
         """acc[r, g] = lhs[r] @ R[gate first_gate + g]^T over the block jb's columns."""
-        with T.unroll(_i64(0), _i64(rows)) as r:
+        for r in range(rows):
             with T.unroll(_i64(0), _i64(gates)) as g:
                 with T.vectorized(_i64(0), _i64(self.lanes)) as v:
-                    T.buffer_store(b.acc, start(g, v) if start else _f32(0.0), [r, g, v])
+                    b.acc.store(start(g, v) if start else _f32(0.0), r, g, v)
         with T.serial(_i64(0), _i64(self.op.hidden)) as k:
-            with T.unroll(_i64(0), _i64(rows)) as r:
+            for r in range(rows):
                 hk = lhs[lhs_index(r, k)]
                 with T.unroll(_i64(0), _i64(gates)) as g:
                     with T.vectorized(_i64(0), _i64(self.lanes)) as v:
-                        T.buffer_store(b.acc, b.acc[r, g, v] + hk * b.w_rec[d, jb, k, first_gate + g, v], [r, g, v])
+                        b.acc.store(b.acc[r, g, v] + hk * b.w_rec[d, jb, k, first_gate + g, v], r, g, v)
 
     def step(self, b, d, row0, rows, t, cur):
         op, acts = self.op, self.op.activations[d]
@@ -223,7 +240,7 @@ class _KernelWriter:
             else:
                 start = (lambda g, v: tvm.tirx.Select(g == 2, b.b_rec[d, jb, v], _f32(0.0))) if b.b_rec is not None else None
                 self.recurrent_sum(b, d, rows, b.h, h_prev, jb, gates, start=start)
-            with T.unroll(_i64(0), _i64(rows)) as r:
+            for r in range(rows):
                 with T.vectorized(_i64(0), _i64(lanes)) as v:
                     j = jb * lanes + v
                     hp = T.Bind(b.h[cur, r, j])
@@ -265,7 +282,7 @@ class _KernelWriter:
         f_act = acts[0]
         with T.serial(_i64(0), _i64(self.blocks)) as jb:
             self.recurrent_sum(b, d, rows, b.h, lambda r, k: [cur, r, k], jb, 2)
-            with T.unroll(_i64(0), _i64(rows)) as r:
+            for r in range(rows):
                 with T.vectorized(_i64(0), _i64(self.lanes)) as v:
                     j = jb * self.lanes + v
                     T.buffer_store(b.z, f_act(pre(r, 0, jb, v, b.acc[r, 0, v])), [r, j])
