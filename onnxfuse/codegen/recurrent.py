@@ -128,18 +128,34 @@ class _KernelWriter:
                     b.z = T.alloc_buffer((TILE_ROWS, hp), F32)
                 b.acc = _RegisterTile(TILE_ROWS, self.gates, self.lanes)
                 b.acc_in = _RegisterTile(PROJECTION_ROWS, 4, self.lanes)
-                for d in range(len(self.op.directions)):
-                    with T.serial(_i64(0), self.batch // TILE_ROWS) as tile:
-                        self.tile(b, d, tile * TILE_ROWS, TILE_ROWS)
-                    with T.serial(self.batch // TILE_ROWS * TILE_ROWS, self.batch) as row:
-                        self.tile(b, d, row, 1)
+                if len(set(self.op.activations)) == 1:  # one loop over directions: half the code
+                    with T.serial(_i64(0), _i64(len(self.op.directions))) as d:
+                        self.batch_tiles(b, d)
+                else:
+                    for d in range(len(self.op.directions)):
+                        self.batch_tiles(b, d)
         return builder.get()
+
+    def batch_tiles(self, b: _Buffers, d) -> None:
+        with T.serial(_i64(0), self.batch // TILE_ROWS) as tile:
+            self.tile(b, d, tile * TILE_ROWS, TILE_ROWS)
+        with T.serial(self.batch // TILE_ROWS * TILE_ROWS, self.batch) as row:
+            self.tile(b, d, row, 1)
+
+    def time_of(self, d, step):
+        """The time index of `step` in direction d (bidirectional: forward, then reverse)."""
+        backwards = self.steps - 1 - step
+        if len(self.op.directions) == 1:
+            return step if self.op.directions[0] == "forward" else backwards
+        if isinstance(d, int):
+            return step if d == 0 else backwards
+        return tvm.tirx.Select(d == 0, step, backwards)
 
     def tile(self, b: _Buffers, d: int, row0, rows: int) -> None:
         self.initial_state(b, d, row0, rows)
         self.projection(b, d, row0, rows)
         with T.serial(_i64(0), self.steps) as step:
-            t = step if self.op.directions[d] == "forward" else self.steps - 1 - step
+            t = T.Bind(self.time_of(d, step))
             self.step(b, d, row0, rows, t, step % 2)
         self.final_state(b, d, row0, rows)
 
@@ -210,7 +226,8 @@ class _KernelWriter:
                         b.acc.store(b.acc[r, g, v] + hk * b.w_rec[d, jb, k, first_gate + g, v], r, g, v)
 
     def step(self, b, d, row0, rows, t, cur):
-        op, acts = self.op, self.op.activations[d]
+        op = self.op
+        acts = op.activations[d] if isinstance(d, int) else op.activations[0]
         nxt = 1 - cur
         lanes, gates = self.lanes, self.gates
 
