@@ -14,20 +14,49 @@ from onnx import helper, numpy_helper
 
 from . import __version__
 from .fusion.plan import FusedGroup
-from .ir import Graph
+from .ir import Graph, body_path
 from .kernel_spec import DOMAIN, DOMAIN_VERSION, LIBRARY_METADATA_KEY, GroupKernel
 
 
 def package_model(
     graph: Graph, fused: list[tuple[FusedGroup, GroupKernel]], library_name: str, target_name: str
 ) -> onnx.ModelProto:
-    original = graph.model
+    """`graph`: the model's; `fused` may hold groups of any subgraph body (FusedGroup.scope): those
+    become custom nodes inside that body, which onnxruntime resolves like any other node there."""
+    by_scope: dict[str, list[tuple[FusedGroup, GroupKernel]]] = {}
+    for group, kernel in fused:
+        by_scope.setdefault(group.scope, []).append((group, kernel))
+    model = onnx.ModelProto()
+    model.CopyFrom(graph.model)
+    _rewrite_graph(model.graph, graph, "", by_scope)
+    if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    _set_metadata(model, {LIBRARY_METADATA_KEY: library_name, "onnxfuse.version": __version__, "onnxfuse.target": target_name})
+    return model
+
+
+def _rewrite_graph(g: onnx.GraphProto, graph: Graph, scope: str,
+                   by_scope: dict[str, list[tuple[FusedGroup, GroupKernel]]]) -> None:
+    """Rewrite `g` (a copy of `graph`'s GraphProto) in place: the bodies below it first, then its
+    own groups become custom nodes."""
+    for node in graph.nodes:
+        for attribute, body in node.bodies.items():
+            path = body_path(scope, node, attribute)
+            if any(s == path or s.startswith(f"{path}/") for s in by_scope):
+                body_proto = next(a.g for a in g.node[node.index].attribute if a.name == attribute)
+                _rewrite_graph(body_proto, body, path, by_scope)
+    fused = by_scope.get(scope, [])
+    if fused:
+        _replace_groups(g, fused)
+    _drop_unused(g)
+
+
+def _replace_groups(g: onnx.GraphProto, fused: list[tuple[FusedGroup, GroupKernel]]) -> None:
     replaced = {i for group, _ in fused for i in group.node_indices}
     first_member = {min(group.node_indices): (group, kernel) for group, kernel in fused}
-
     nodes: list[tuple[int, onnx.NodeProto]] = []  # (original position, node)
     extra_inits: list[onnx.TensorProto] = []
-    for index, proto in enumerate(original.graph.node):
+    for index, proto in enumerate(g.node):
         if index in first_member:
             group, kernel = first_member[index]
             node, weights = custom_op_node(group, kernel)
@@ -35,18 +64,16 @@ def package_model(
             extra_inits.extend(weights)
         elif index not in replaced:
             nodes.append((index, proto))
-
-    model = onnx.ModelProto()
-    model.CopyFrom(original)
-    g = model.graph
+    ordered = [_copy(n) for n in _topological(nodes)]
     del g.node[:]
-    g.node.extend(_topological(nodes))
+    g.node.extend(ordered)
     g.initializer.extend(extra_inits)
-    _drop_unused(g)
-    if not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
-    _set_metadata(model, {LIBRARY_METADATA_KEY: library_name, "onnxfuse.version": __version__, "onnxfuse.target": target_name})
-    return model
+
+
+def _copy(proto: onnx.NodeProto) -> onnx.NodeProto:
+    clone = onnx.NodeProto()
+    clone.CopyFrom(proto)
+    return clone
 
 
 def custom_op_node(group: FusedGroup, kernel: GroupKernel) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
