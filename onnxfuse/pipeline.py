@@ -34,7 +34,7 @@ from .package import package_model
 from .progress import Progress
 from .runtime.library import build_library
 from .select import SELECTIONS
-from .select.auto import auto_rejects
+from .select.auto import auto_rejects, leave_to_onnxruntime
 from .select.measured import judge_groups
 from .select.whole_model import check_whole_model
 from .target import Target, resolve_target
@@ -167,7 +167,7 @@ def run_pipeline(model_path: Path, out_path: Path | None, options: OptimizeOptio
     out_path = out_path or default_output(model_path)
     graph = load_model(model_path)
     require_loadable_ir_version(graph.model, model_path)
-    plan = plan_fusion(graph, options.fusion)
+    plan = plan_fusion(graph, options.fusion, leave_to_onnxruntime if options.select == "auto" else None)
 
     with tempfile.TemporaryDirectory(prefix="onnxfuse-build-") as build_dir:
         outcomes = _compile_groups(graph, plan, tgt, options, Path(build_dir), progress)

@@ -12,11 +12,12 @@ by name, so a group in it simply has them among its inputs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..ir import Graph
 from ..ops import OpKind
-from .forward_graph import build_forward_graph
+from .forward_graph import _make_opaque, build_forward_graph
 from .partition import FusionOptions, Partitioner
 from .postdom import post_dominator_tree
 
@@ -101,14 +102,21 @@ class FusionPlan:
         }
 
 
-def plan_fusion(graph: Graph, options: FusionOptions | None = None) -> FusionPlan:
-    """The plan of the model's graph, then of every subgraph body below it (see the module doc)."""
+LeaveOut = Callable[[Graph], dict[int, str]]
+"""Nodes of one graph (by index) that must stay with onnxruntime, each with the reason."""
+
+
+def plan_fusion(graph: Graph, options: FusionOptions | None = None, leave_out: LeaveOut | None = None) -> FusionPlan:
+    """The plan of the model's graph, then of every subgraph body below it (see the module doc).
+
+    `leave_out`: nodes to plan as opaque, in every graph, so that no group holds them but their
+    neighbours still fuse among themselves (`--select auto` leaves convolutions to onnxruntime)."""
     options = options or FusionOptions()
     groups: list[FusedGroup] = []
     unfused: list[UnfusedNode] = []
     kinds: dict[int, OpKind] = {}
     for scope, scope_graph in graph.scopes():
-        scope_groups, scope_unfused, scope_kinds = _plan_scope(scope_graph, scope, options)
+        scope_groups, scope_unfused, scope_kinds = _plan_scope(scope_graph, scope, options, leave_out)
         groups += scope_groups
         unfused += scope_unfused
         if not scope:
@@ -117,10 +125,14 @@ def plan_fusion(graph: Graph, options: FusionOptions | None = None) -> FusionPla
     return FusionPlan(groups, unfused, options, node_count, kinds)
 
 
-def _plan_scope(graph: Graph, scope: str, options: FusionOptions):
+def _plan_scope(graph: Graph, scope: str, options: FusionOptions, leave_out: LeaveOut | None):
     """Groups, unfused nodes and pattern kinds of one graph (the model's, or one body)."""
     prefix = f"{scope}/" if scope else ""
     fg = build_forward_graph(graph)
+    if leave_out is not None:
+        reasons = leave_out(graph)
+        marked = [fnode.node.index in reasons for fnode in fg.nodes]
+        _make_opaque(fg, marked, lambda fnode: reasons[fnode.node.index])
     tree = post_dominator_tree(fg)
     partitioner = Partitioner(fg, tree, options)
     roots = partitioner.run()
