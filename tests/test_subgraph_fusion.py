@@ -260,3 +260,21 @@ def test_report_and_inspect_name_body_groups(select, tmp_path, cache):
     assert shown.exit_code == 0, shown.output
     assert "If_0/then_branch/group_0: 13 ops" in shown.output
     assert "If_0/else_branch/group_0: 3 ops" in shown.output
+
+
+def test_a_body_group_of_unknown_shapes_falls_back_with_the_reason(tmp_path):
+    """A carried value of unknown rank (outside and in the body): the group is planned, and falls
+    back at extraction, as a top-level group would; the model still runs as it was."""
+    body = helper.make_graph(
+        [node("Identity", ["cond_in"], "cond_out"), node("Sigmoid", ["h_in"], "s"), node("Mul", ["s", "h_in"], "h_next")],
+        "body", [_vi("iter", [], TensorProto.INT64), _vi("cond_in", [], TensorProto.BOOL), _vi("h_in", None)],
+        [_vi("cond_out", [], TensorProto.BOOL), _vi("h_next", None)])
+    source = _model([helper.make_node("Loop", ["steps", "", "h0"], ["h"], name="loop", body=body)],
+                    [_vi("steps", [], TensorProto.INT64), _vi("h0", None)], [_vi("h", None)], {})
+    path = tmp_path / "m.onnx"
+    onnx.save(source, str(path))
+    result = optimize(path, tmp_path / "m.fused.onnx", cache_dir=False, jobs=1)
+    (group,) = result.report["groups"]
+    assert group["name"] == "Loop_0/body/group_0" and group["status"] == "fallback"
+    assert group["reason"] == "extract: shape of input 'h_in' is unknown"
+    assert result.library_path is None
