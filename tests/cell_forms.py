@@ -157,6 +157,27 @@ def gru_cell(linear_before_reset: int = 1, gemm: str = "gemm_t", blend: str = "t
     return m, _computing(nodes)
 
 
+LSTM_FORMS = {
+    # torch.onnx of nn.LSTMCell with h and c stacked in one state [2, N, H], both exporters
+    "torchscript_stacked_state": dict(state_in="gather", state_out="stacked"),
+    "dynamo_stacked_state": dict(state_in="gather", state_out="stacked", opset=18),
+    "slice_squeeze_state_and_c_returned": dict(state_in="slice", state_out="stacked_and_c"),
+    "gemm_without_transpose": dict(gemm="gemm"),
+    "matmul_and_bias_add": dict(gemm="matmul"),
+    "split_then_sum": dict(gates="split_then_sum"),
+    "chunk_as_slices": dict(gates="slices"),
+}
+
+
+GRU_FORMS = {
+    "torch_grucell": dict(linear_before_reset=1),  # r * (W_hn h + b_hn): GEMMs split, then summed
+    "torch_grucell_opset18": dict(linear_before_reset=1, opset=18),
+    "onnx_blend": dict(linear_before_reset=1, blend="onnx"),
+    "reset_before_linear": dict(linear_before_reset=0),  # W_hn (r * h): a GEMM inside the cell
+    "reset_before_linear_no_transpose": dict(linear_before_reset=0, gemm="gemm"),
+}
+
+
 def _split(src: str, outs: list[str], opset: int, inits: dict, sizes_name: str = "sizes") -> list:
     """Split into equal pieces: sizes as an initializer (TorchScript exporter, opset 13-17) or
     num_outputs (dynamo exporter, opset 18)."""
