@@ -223,3 +223,13 @@ def constants_as_initializers(m):
     del out.graph.node[:]
     out.graph.node.extend(kept)
     return out
+
+
+def random_feeds(m, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Standard-normal float inputs for `m`, every symbolic dim set to `batch`."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for vi in m.graph.input:
+        dims = [d.dim_value if d.HasField("dim_value") else batch for d in vi.type.tensor_type.shape.dim]
+        feeds[vi.name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds

@@ -7,24 +7,14 @@ small-batch variant), 5 (a ragged row tile) and 64.
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import pytest
-from cell_forms import GRU_FORMS, LSTM_FORMS, gru_cell, lstm_cell
+from cell_forms import GRU_FORMS, LSTM_FORMS, gru_cell, lstm_cell, random_feeds
 from conftest import assert_outputs_match, run_both
 
 from onnxfuse import optimize
 
 FORMS = [("lstm", name) for name in sorted(LSTM_FORMS)] + [("gru", name) for name in sorted(GRU_FORMS)]
-
-
-def _feeds(m: onnx.ModelProto, batch: int, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for vi in m.graph.input:
-        dims = [d.dim_value if d.HasField("dim_value") else batch for d in vi.type.tensor_type.shape.dim]
-        feeds[vi.name] = rng.standard_normal(dims).astype(np.float32)
-    return feeds
 
 
 @pytest.mark.parametrize("cell, form", FORMS)
@@ -38,5 +28,5 @@ def test_cell_form_is_one_kernel_matching_onnxruntime(cell, form, tmp_path, cach
     fused = onnx.load(str(result.model_path))
     assert [n.domain for n in fused.graph.node] == ["ai.onnxfuse"]
     for batch in (1, 5, 64):
-        expected, actual = run_both(source, result.model_path, _feeds(m, batch, seed=batch))
+        expected, actual = run_both(source, result.model_path, random_feeds(m, batch, seed=batch))
         assert_outputs_match(expected, actual)

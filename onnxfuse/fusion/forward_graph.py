@@ -36,7 +36,7 @@ class FusionNode:
     outputs: list[Edge] = field(default_factory=list)
     exports: bool = False  # produces a graph output
     keeps_rows: bool = False  # a reduction that keeps the first (batch) axis: it reduces within rows
-    is_view: bool = False  # its output is one leading block of its input (selects_leading_block)
+    is_view: bool = False  # its output is a block of whole rows of its input (selects_whole_rows)
     row_local: bool = False  # a GEMM by constant weights (is_row_local_gemm)
 
 
@@ -111,23 +111,28 @@ def reduces_within_rows(node: Node, graph: Graph) -> bool:
     return all(0 < (int(a) % rank) for a in axes)
 
 
-def selects_leading_block(node: Node, graph: Graph) -> bool:
-    """Whether the node's output is its input's elements of a constant range of the first axis,
-    in their order: `Gather` of a constant scalar index on axis 0, a step-1 `Slice` of axis 0
-    alone, `Squeeze`/`Unsqueeze`, `Identity`. How exporters read h and c out of a stacked state
-    [2, N, H]. A kernel reads such a value in place, at an offset: as an anchor's operand it
-    costs nothing, so it may join the anchor's group (partition: view prologues)."""
+def selects_whole_rows(node: Node, graph: Graph) -> bool:
+    """Whether the node's output is a block of its input at constant offsets, the innermost axis
+    whole: `Gather` of a constant scalar index, or a step-1 `Slice`, on any axis but the last;
+    `Squeeze`, `Unsqueeze`, `Identity`. How exporters read h and c out of a stacked state
+    [2, N, H], or step t's input x[:, t] out of [N, T, I]. A kernel reads such a value in place,
+    as contiguous rows at an offset: as an anchor's operand it costs nothing, so it may join the
+    anchor's group (partition: view prologues)."""
     if node.op_type in ("Squeeze", "Unsqueeze", "Identity"):
         return True
+    data = graph.value(node.inputs[0])
+    rank = len(data.shape) if data.shape is not None else None
+    if rank is None or rank < 2:
+        return False
     if node.op_type == "Gather":
         index = graph.constant(node.inputs[1]) if len(node.inputs) > 1 else None
-        return index is not None and index.ndim == 0 and node.attributes.get("axis", 0) == 0
+        return index is not None and index.ndim == 0 and node.attributes.get("axis", 0) % rank != rank - 1
     if node.op_type == "Slice":
-        return _slices_axis_0(node, graph)
+        return _slices_outer_axes(node, graph, rank)
     return False
 
 
-def _slices_axis_0(node: Node, graph: Graph) -> bool:
+def _slices_outer_axes(node: Node, graph: Graph, rank: int) -> bool:
     def constant(position: int):
         if position >= len(node.inputs) or not node.inputs[position]:
             return None
@@ -138,14 +143,12 @@ def _slices_axis_0(node: Node, graph: Graph) -> bool:
         axes = list(node.attributes.get("axes", range(len(node.attributes["starts"]))))
         steps = None
     else:
-        axes, steps = constant(3), constant(4)
-        if axes is False or steps is False or constant(1) is False or constant(2) is False:
+        starts, ends, axes, steps = constant(1), constant(2), constant(3), constant(4)
+        if False in (starts, ends, axes, steps):
             return False
-        axes = axes if axes is not None else list(range(len(constant(1))))
-    data = graph.value(node.inputs[0])
-    rank = len(data.shape) if data.shape is not None else None
-    leading = all(a == 0 or (rank is not None and a == -rank) for a in axes)
-    return leading and (steps is None or all(s == 1 for s in steps))
+        axes = axes if axes is not None else list(range(len(starts)))
+    outer = all(a % rank != rank - 1 for a in axes)
+    return outer and (steps is None or all(s == 1 for s in steps))
 
 
 def is_row_local_gemm(node: Node, graph: Graph) -> bool:
@@ -177,7 +180,7 @@ def build_forward_graph(graph: Graph, enclosed_gemms: bool = True) -> ForwardGra
         row_local = kind == OpKind.OUT_EWISE_FUSABLE and is_row_local_gemm(node, graph)
         exports = any(o and graph.value(o).is_graph_output for o in node.outputs)
         keeps_rows = kind == OpKind.COMM_REDUCE and reduces_within_rows(node, graph)
-        is_view = kind == OpKind.INJECTIVE and selects_leading_block(node, graph)
+        is_view = kind == OpKind.INJECTIVE and selects_whole_rows(node, graph)
         nodes.append(FusionNode(pos, node, kind, epilogue_kind, reason, exports=exports, keeps_rows=keeps_rows,
                                 is_view=is_view, row_local=row_local))
     fg = ForwardGraph(nodes, graph)

@@ -11,12 +11,15 @@ Beyond TVM (each switchable in `FusionOptions`):
   MatMul -> Split -> gates -> Mul/Add is one group;
 - multi-anchor: a second anchor may join a group that already has one when they meet at an
   elementwise sink (the two MatMuls of a GRU/LSTM cell);
-- view prologues: an op that selects a leading block of its input (h and c gathered out of a
-  stacked state, forward_graph.selects_leading_block) joins the anchored group that reads it;
+- view prologues: an op that selects whole rows of its input at a constant offset (h and c
+  gathered out of a stacked state, forward_graph.selects_whole_rows) joins the anchored group
+  that reads it;
 - enclosed GEMMs: a GEMM by constant weights (row-local: row i of its output needs row i of
-  its input only) that lies *between* an anchor and that anchor's post-dominator joins their
-  group (a GRU cell's W_hn (r * h) with linear_before_reset=0). Anchors in sequence, where the
-  later one is the post-dominator itself (an MLP), still stay apart as in TVM;
+  its input only) that lies *between* another such GEMM and that GEMM's post-dominator joins
+  their group (a GRU cell's W_hn (r * h) with linear_before_reset=0; the steps of an unrolled
+  cell loop). Anchors in sequence, where the later one is the post-dominator itself (an MLP),
+  still stay apart as in TVM, and so does a transformer's LayerNorm → FFN → residual Add (its
+  enclosing anchor is a LayerNorm: one kernel for it is unmeasured);
 - injective into reduce: injective chains may end in a reduction (a tree ensemble's leaf gather
   feeding its mean over trees);
 - row reductions: a reduction that keeps the batch axis takes its elementwise and broadcast
@@ -64,7 +67,8 @@ class Group:
     members: list[int] = field(default_factory=list)
     anchored: bool = False
     keeps_rows: bool = True  # every reduction in the group keeps the batch axis
-    view: bool = False  # every member selects a leading block of its input (a state read)
+    view: bool = False  # every member selects whole rows of its input (a state read)
+    gemm_anchored: bool = True  # every anchor in it is a row-local GEMM (none counts)
     parent: Group | None = None
 
     def root(self) -> Group:
@@ -82,7 +86,8 @@ class Partitioner:
         self.groups = [
             Group(n.kind, n.epilogue_kind, OpKind.ELEMWISE if n.row_local else n.epilogue_kind, [n.pos],
                   anchored=n.kind == OpKind.OUT_EWISE_FUSABLE,
-                  keeps_rows=n.kind != OpKind.COMM_REDUCE or n.keeps_rows, view=n.is_view)
+                  keeps_rows=n.kind != OpKind.COMM_REDUCE or n.keeps_rows, view=n.is_view,
+                  gemm_anchored=n.kind != OpKind.OUT_EWISE_FUSABLE or n.row_local)
             for n in fg.nodes
         ]
         self.reasons: dict[int, str] = {}
@@ -131,13 +136,14 @@ class Partitioner:
             )
             return
         sink_root = self.groups[sink].root()
+        encloses = self.options.enclosed_gemms and self.groups[pos].root().gemm_anchored
 
         def allowed(root: Group, is_sink: bool) -> bool:
             kind = root.epilogue if self.options.split_fanout else combine(root.pattern, root.epilogue)
             if kind <= OpKind.BROADCAST:
                 return True
-            if self.options.enclosed_gemms and not is_sink and root.epilogue_around <= OpKind.BROADCAST:
-                return True  # a row-local GEMM between the anchor and its post-dominator
+            if encloses and not is_sink and root.gemm_anchored and root.epilogue_around <= OpKind.BROADCAST:
+                return True  # a row-local GEMM between a GEMM and its post-dominator
             return self.options.multi_anchor and root is sink_root and root.anchored
         self._fuse_if_path(pos, sink, allowed)
 
@@ -235,6 +241,7 @@ class Partitioner:
         parent.epilogue_around = combine(parent.epilogue_around, child.epilogue_around)
         parent.keeps_rows = parent.keeps_rows and child.keeps_rows
         parent.view = parent.view and child.view
+        parent.gemm_anchored = parent.gemm_anchored and child.gemm_anchored
         if child.pattern == OpKind.COMM_REDUCE and not child.anchored:  # a row reduction's group
             parent.pattern = combine(parent.pattern, child.pattern)
         if child.anchored:
