@@ -476,3 +476,14 @@ def test_anchor_whose_post_dominator_is_a_gemm_stays_apart_from_it():
         X, {"y": (4, 8)}, {"w1": weights(8, 8), "w2": weights(8, 8)},
     )
     assert groups(m) == [{"m1", "r"}, {"m2", "y"}]
+
+
+def test_gemms_enclosed_by_a_layernorm_stay_apart():
+    """LayerNorm → FFN → residual Add: the LayerNorm's post-dominator lies past both GEMMs, but
+    only a GEMM encloses GEMMs (one kernel for a whole FFN block is unmeasured)."""
+    m = model(
+        [node("LayerNormalization", ["x", "g", "b"], "ln", axis=-1), node("MatMul", ["ln", "w1"], "m1"),
+         node("Relu", ["m1"], "r"), node("MatMul", ["r", "w2"], "m2"), node("Add", ["m2", "ln"], "y")],
+        X, {"y": (4, 8)}, {"g": weights(8), "b": weights(8), "w1": weights(8, 16), "w2": weights(16, 8)},
+    )
+    assert groups(m) == [{"m1", "r"}, {"m2", "y"}]
