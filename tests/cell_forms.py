@@ -206,8 +206,8 @@ def constants_as_initializers(m):
     """The model with every `Constant` node replaced by an initializer of its value.
 
     torch.onnx's TorchScript exporter writes Split sizes, Gather indices and Unsqueeze axes as
-    Constant nodes; the front end's canonicalization turns them into initializers at load. Until
-    that lands on this branch, tests on those exports convert them here."""
+    Constant nodes; the front end turns them into initializers at load. Tests convert them first
+    so that the model's node count is the count the plan's groups must cover."""
     import onnx
     from onnx import numpy_helper
 

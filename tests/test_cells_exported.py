@@ -2,8 +2,8 @@
 cell is ONE group that compiles and gives onnxruntime's results.
 
 The TorchScript exporter writes Split sizes, Gather indices and Unsqueeze axes as Constant
-nodes; the front end's canonicalization turns them into initializers. These tests convert them
-themselves (cell_forms.constants_as_initializers), so they hold with or without it.
+nodes, which the front end makes initializers at load; the tests convert them first
+(cell_forms.constants_as_initializers) so a group can be compared with the whole graph.
 """
 
 from __future__ import annotations
