@@ -86,7 +86,7 @@ class FusionPlan:
 
 def plan_fusion(graph: Graph, options: FusionOptions | None = None) -> FusionPlan:
     options = options or FusionOptions()
-    fg = build_forward_graph(graph)
+    fg = build_forward_graph(graph, options.enclosed_gemms)
     tree = post_dominator_tree(fg)
     partitioner = Partitioner(fg, tree, options)
     roots = partitioner.run()
