@@ -24,9 +24,9 @@ def package_model(
     graph: Graph, fused: list[tuple[FusedGroup, GroupKernel]], library_name: str, target: Target | str,
     *, consume: bool = False,
 ) -> onnx.ModelProto:
-    """The model with each fused group replaced by its custom node. `consume=True` moves the
-    weights out of `graph.model` instead of copying them, so a 2 GB model is held once, not twice
-    (the pipeline's last use of the graph)."""
+    """The model with each fused group replaced by its custom node. `consume=True` rewrites
+    `graph.model` itself instead of a copy, so a 2 GB model is held once, not twice (the
+    pipeline's last use of the graph; the graph is unusable after)."""
     original = graph.model
     replaced = {i for group, _ in fused for i in group.node_indices}
     first_member = {min(group.node_indices): (group, kernel) for group, kernel in fused}
@@ -42,19 +42,19 @@ def package_model(
         elif index not in replaced:
             nodes.append((index, proto))
 
-    model = _copy_without(original, "graph")
+    if consume:
+        model = original
+    else:
+        model = onnx.ModelProto()
+        model.CopyFrom(original)
     g = model.graph
-    g.CopyFrom(_copy_without(original.graph, "node", "initializer"))
-    g.node.extend(_topological(nodes))
+    ordered = [_copy(n) for n in _topological(nodes)]  # copies: the node list is rebuilt below
+    del g.node[:]
+    g.node.extend(ordered)
     used = {i for n in g.node for i in _reads(n)} | {o.name for o in g.output}
-    dropped = set()
-    for tensor in original.graph.initializer:
-        if tensor.name not in used:
-            dropped.add(tensor.name)
-            continue
-        g.initializer.add().CopyFrom(tensor)
-        if consume:
-            tensor.Clear()
+    dropped = {t.name for t in g.initializer if t.name not in used}
+    for position in reversed([k for k, t in enumerate(g.initializer) if t.name in dropped]):
+        del g.initializer[position]  # in place: the kept weights are never copied
     g.initializer.extend(extra_inits)
     _drop_unused(g, used, dropped)
     if not any(o.domain == DOMAIN for o in model.opset_import):
@@ -72,20 +72,10 @@ def target_metadata(target: Target | str) -> dict[str, str]:
             "onnxfuse.target.cpu": target.mcpu or "", "onnxfuse.target.features": ",".join(target.mattr)}
 
 
-def _copy_without(message, *skipped: str):
-    """A copy of a protobuf message without the named fields (copying a 2 GB graph's
-    initializers only to delete them would double the memory a large model needs)."""
-    copy = type(message)()
-    for descriptor, value in message.ListFields():
-        if descriptor.name in skipped:
-            continue
-        if descriptor.is_repeated:
-            getattr(copy, descriptor.name).extend(value)
-        elif descriptor.message_type is not None:
-            getattr(copy, descriptor.name).CopyFrom(value)
-        else:
-            setattr(copy, descriptor.name, value)
-    return copy
+def _copy(proto: onnx.NodeProto) -> onnx.NodeProto:
+    clone = onnx.NodeProto()
+    clone.CopyFrom(proto)
+    return clone
 
 
 def custom_op_node(group: FusedGroup, kernel: GroupKernel, graph: Graph | None = None,
