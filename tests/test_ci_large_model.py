@@ -34,9 +34,9 @@ def write_large_model(folder: Path) -> Path:
             del array
     rng = np.random.default_rng(0)
     initializers += [numpy_helper.from_array(rng.standard_normal(K).astype(np.float32), n) for n in ("c", "b")]
-    nodes = [helper.make_node("Relu", ["x"], ["r0"], name="relu0"), helper.make_node("Add", ["r0", "c"], ["a0"], name="add0"),
-             helper.make_node("MatMul", ["a0", "W1"], ["m1"], name="mm1"), helper.make_node("Relu", ["m1"], ["r1"], name="relu1"),
-             helper.make_node("MatMul", ["r1", "W2"], ["m2"], name="mm2"), helper.make_node("Add", ["m2", "b"], ["y"], name="add1")]
+    chain = [("Relu", ["x"], "r0"), ("Add", ["r0", "c"], "a0"), ("MatMul", ["a0", "W1"], "m1"), ("Relu", ["m1"], "r1"),
+             ("MatMul", ["r1", "W2"], "m2"), ("Add", ["m2", "b"], "y")]
+    nodes = [helper.make_node(op, inputs, [out], name=out) for op, inputs, out in chain]
     graph = helper.make_graph(nodes, "large", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", K])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", K])], initializers)
     path = folder / "large.onnx"
