@@ -9,6 +9,9 @@ compiler is fixed the test passes, strict turns that into a failure, and known_b
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import onnx
 import pytest
 
@@ -16,20 +19,29 @@ from fuzz import regressions
 from fuzz.campaign import optimize
 from fuzz.execute import Case, Job, run_cases
 from fuzz.graphs import assemble_models
-from fuzz.known_bugs import expected_failure
+from fuzz.known_bugs import KNOWN_BUGS, expected_failure
 
 NAMES = regressions.names()
 
 
+@dataclass
+class Corpus:
+    original: Path
+    fused: Path
+    library: Path | None
+    report: dict
+    cases: dict  # name → (renamed model, feeds)
+
+
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    """(original path, fused path, library, report, {name: (model, feeds)}) for all cases at once."""
+def corpus(tmp_path_factory) -> Corpus:
+    """Every case, renamed apart, in one model compiled by one onnxfuse call."""
     tmp = tmp_path_factory.mktemp("fuzz_regressions")
     cases = {name: regressions.rename(*regressions.load(name), f"r{i}_") for i, name in enumerate(NAMES)}
     path = tmp / "regressions.onnx"
     onnx.save(assemble_models([m for m, _ in cases.values()]), path)
     fused, library, report = optimize(path, tmp, jobs=2)
-    return path, fused, library, report, cases
+    return Corpus(path, fused, library, report, cases)
 
 
 def _param(name):
@@ -38,23 +50,22 @@ def _param(name):
     return pytest.param(name, marks=marks, id=name)
 
 
-def test_corpus_is_not_empty():
-    assert len(NAMES) >= 8
+def test_corpus_holds_every_known_bug():
+    assert {r for bug in KNOWN_BUGS for r in bug.regressions} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_regression_is_fused(compiled, name):
+def test_regression_is_fused(corpus, name):
     """Not xfail: a case that falls back to onnxruntime would pass without testing anything."""
-    report, (model, _) = compiled[3], compiled[4][name]
-    compiled_outputs = {o for g in report["groups"] if g["status"] == "compiled" for o in g["outputs"]}
+    model, _ = corpus.cases[name]
+    compiled_outputs = {o for g in corpus.report["groups"] if g["status"] == "compiled" for o in g["outputs"]}
     assert compiled_outputs & {o for n in model.graph.node for o in n.output}, f"{name} is no longer fused"
 
 
 @pytest.mark.parametrize("name", [_param(n) for n in NAMES])
-def test_regression_matches_onnxruntime(compiled, name):
-    path, fused, library, report, cases = compiled
-    model, feeds = cases[name]
-    outputs = [o.name for o in model.graph.output]
-    findings = run_cases(Job(str(path), str(fused), str(library) if library else None,
-                             [Case(name, outputs, [feeds])]))
+def test_regression_matches_onnxruntime(corpus, name):
+    model, feeds = corpus.cases[name]
+    case = Case(name, [o.name for o in model.graph.output], [feeds])
+    findings = run_cases(Job(str(corpus.original), str(corpus.fused), str(corpus.library) if corpus.library else None,
+                             [case]))
     assert not findings, "\n".join(f"{f.kind} {f.output}: {f.detail}" for f in findings)

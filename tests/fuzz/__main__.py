@@ -28,6 +28,9 @@ def main() -> int:
     config = GeneratorConfig(exclude=exclude)
     print(f"fuzz: {seconds:.0f}s, seed {seed}, {size} components per batch, output in {out}", flush=True)
     tally = run_campaign(seconds, seed, size, config, out, jobs, log=lambda s: print(s, flush=True))
+    print("fuzz: ops in compiled groups: " + ", ".join(f"{op} {n}" for op, n in sorted(tally.fused_ops.items(), key=lambda kv: -kv[1])))
+    for reason, count in sorted(tally.fallback_reasons.items(), key=lambda kv: -kv[1]):
+        print(f"fuzz: {count} groups fell back: {reason}")
     for bug, count in sorted(tally.known.items()):
         print(f"fuzz: known bug {bug}: {count} components")
     for i, failure in enumerate(tally.new[: int(os.environ.get("FUZZ_MINIMISE", 3))]):

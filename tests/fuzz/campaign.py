@@ -48,6 +48,9 @@ class Tally:
     mismatches: int = 0
     crashes: int = 0
     known: dict[str, int] = field(default_factory=dict)
+    fallback_reasons: dict[str, int] = field(default_factory=dict)
+    fused_ops: dict[str, int] = field(default_factory=dict)  # op type → nodes of it inside compiled groups
+    seconds: dict[str, float] = field(default_factory=lambda: {"generate": 0.0, "optimize": 0.0, "check": 0.0})
     new: list[Failure] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
 
@@ -93,6 +96,7 @@ def runnable(component: Component) -> bool:
 def fuzz_batch(seed: int, size: int, config: GeneratorConfig, work: Path, tally: Tally, jobs: int = 2) -> None:
     """Generate, compile and check one batch of `size` components; add what it found to `tally`."""
     rng = np.random.default_rng(seed)
+    started = time.monotonic()
     components = []
     for index in range(size * 3):
         if len(components) == size:
@@ -105,12 +109,24 @@ def fuzz_batch(seed: int, size: int, config: GeneratorConfig, work: Path, tally:
     work.mkdir(parents=True, exist_ok=True)
     model = assemble(components, f"fuzz_{seed}")
     onnx.save(model, work / "model.onnx")
+    generated = time.monotonic()
+    tally.seconds["generate"] += generated - started
     fused, library, report = optimize(work / "model.onnx", work, jobs)
+    optimized = time.monotonic()
+    tally.seconds["optimize"] += optimized - generated
     tally.graphs += len(components)
     tally.groups_compiled += report["groups_compiled"]
     tally.groups_fallback += report["groups_fallback"]
+    for group in report["groups"]:
+        if group["status"] == "compiled":
+            for op in group["op_types"]:
+                tally.fused_ops[op] = tally.fused_ops.get(op, 0) + 1
+        if group["status"] == "fallback":
+            reason = group.get("reason", "?")[:90]
+            tally.fallback_reasons[reason] = tally.fallback_reasons.get(reason, 0) + 1
     cases = [Case(f"c{c.index}", [o.name for o in c.outputs], input_sets(c, rng)) for c in components]
     findings = run_cases(Job(str(work / "model.onnx"), str(fused), str(library) if library else None, cases))
+    tally.seconds["check"] += time.monotonic() - optimized
     by_case: dict[str, list[Finding]] = {}
     for f in findings:
         by_case.setdefault(f.case, []).append(f)
@@ -170,6 +186,7 @@ def run_campaign(seconds: float, seed: int, size: int, config: GeneratorConfig, 
         elapsed = time.monotonic() - started
         log(f"fuzz: batch {batch} {elapsed:.0f}s: {tally.graphs} graphs, {tally.groups_compiled} groups compiled, "
             f"{tally.groups_fallback} fell back, {tally.mismatches} mismatches, {tally.crashes} crashes "
-            f"(known: {tally.known or 'none'}; new: {len(tally.new)})")
+            f"(known: {tally.known or 'none'}; new: {len(tally.new)}; seconds "
+            f"{', '.join(f'{k} {v:.0f}' for k, v in tally.seconds.items())})")
         batch += 1
     return tally

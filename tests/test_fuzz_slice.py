@@ -1,0 +1,60 @@
+"""A fixed-seed slice of the fuzzer (`make fuzz` runs the long campaign): one batch of random
+components compiled by onnxfuse and checked against onnxruntime on adversarial inputs.
+
+The generator leaves out exactly the patterns of known, unfixed bugs (fuzz/known_bugs.py; each
+names its xfail regression in fuzz/regressions/), so this slice is green on today's compiler and
+still runs every op family, dtype and input regime. The two onnxruntime behaviours the fuzzer
+works around are pinned here, so a change in onnxruntime shows up.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from fuzz.campaign import Tally, fuzz_batch
+from fuzz.graphs import GeneratorConfig, OPSET
+from fuzz.known_bugs import all_exclusions
+
+SEED, COMPONENTS = 20261123, 14
+
+
+def test_fixed_seed_slice_matches_onnxruntime(tmp_path):
+    tally = Tally()
+    fuzz_batch(SEED, COMPONENTS, GeneratorConfig(exclude=all_exclusions()), tmp_path, tally)
+    assert tally.graphs == COMPONENTS
+    assert tally.groups_compiled >= COMPONENTS // 2, "too little was fused for the slice to mean anything"
+    details = [f"{f.case} {f.kind} {f.output}: {f.detail}" for failure in tally.failures for f in failure.findings]
+    assert not details, "\n".join(details)
+
+
+def _one_node(op, inputs, attrs=None, inits=None, shape=("N", 4)):
+    graph = helper.make_graph([helper.make_node(op, list(inputs) + list(inits or {}), ["y"], **(attrs or {}))], "pin",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in inputs],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v, k) for k, v in (inits or {}).items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=9)
+
+
+def test_onnxruntime_cannot_reshape_an_empty_batch_to_0_minus_1():
+    """Why graphs.op_reshape never emits the target (0, -1): on a batch of 0 onnxruntime raises
+    (the -1 would be 0 / 0), where a kernel knows the row size and returns [0, 12]."""
+    model = _one_node("Reshape", ["x"], inits={"shape": np.array([0, -1], np.int64)}, shape=("N", 3, 4))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert session.run(None, {"x": np.ones((2, 3, 4), np.float32)})[0].shape == (2, 12)
+    with pytest.raises(Exception, match="cannot be reshaped|Reshape"):
+        session.run(None, {"x": np.ones((0, 3, 4), np.float32)})
+
+
+def test_clip_without_max_clamps_inf_to_the_largest_float_in_onnxruntime():
+    """The spec's default max is numeric_limits::max(); onnxruntime follows it, onnx's reference
+    evaluator does not. The fuzzer's reference is onnxruntime, so the kernels' +inf is a bug
+    (known_bugs.py: clip-default-max)."""
+    model = _one_node("Clip", ["x"], inits={"lo": np.array(-1, np.float32)})
+    x = np.array([[np.inf, -np.inf, np.nan, 3e38]], np.float32)
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert got[0, 0] == np.finfo(np.float32).max and got[0, 1] == -1 and np.isnan(got[0, 2])
+    assert ReferenceEvaluator(model).run(None, {"x": x})[0][0, 0] == np.inf
