@@ -33,9 +33,14 @@ def main() -> int:
         print(f"fuzz: {count} groups fell back: {reason}")
     for bug, count in sorted(tally.known.items()):
         print(f"fuzz: known bug {bug}: {count} components")
-    for i, failure in enumerate(tally.new[: int(os.environ.get("FUZZ_MINIMISE", 3))]):
-        if not failure.feeds:
+    signatures = set()  # one minimised case per look-alike group of new failures
+    for failure in tally.new:
+        first = failure.findings[0]
+        signature = failure.signature
+        if not failure.feeds or signature in signatures or len(signatures) >= int(os.environ.get("FUZZ_MINIMISE", 3)):
             continue
+        signatures.add(signature)
+        i = len(signatures) - 1
         small = minimise_failure(failure, out / f"new{i}")
         print(f"fuzz: NEW {failure.findings[0].kind} ({failure.findings[0].detail[:160]}) minimised to "
               f"{len(small.model.graph.node)} nodes: {out / f'new{i}'}", flush=True)

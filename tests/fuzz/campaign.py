@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import time
@@ -37,6 +38,14 @@ class Failure:
     feeds: list[dict[str, np.ndarray]]
     findings: list[Finding]
     bug: str | None  # a known bug's name, or None when new
+
+    @property
+    def signature(self) -> tuple[str, str]:
+        """(kind, op) of the first finding: the op onnxruntime raised in, or that made the output."""
+        first = self.findings[0]
+        raised_in = re.search(r"running (\w+) node", first.detail)
+        producer = next((n.op_type for n in self.model.graph.node if first.output in n.output), "")
+        return first.kind, raised_in.group(1) if raised_in else producer
 
 
 @dataclass
@@ -135,8 +144,10 @@ def fuzz_batch(seed: int, size: int, config: GeneratorConfig, work: Path, tally:
             continue
         found = by_case[case.id]
         component_model = prune(model, case.outputs)
-        bug = _classify(component_model, found)
-        failure = Failure(component_model, case.feeds, found, bug)
+        bugs = [known_bug_of(component_model, f.output, f.kind, f.detail) for f in found]
+        bug = None if None in bugs else sorted(b.name for b in bugs)[0]
+        unknown_first = [f for f, b in zip(found, bugs) if b is None] + [f for f, b in zip(found, bugs) if b]
+        failure = Failure(component_model, case.feeds, unknown_first, bug)
         tally.failures.append(failure)
         if any(f.kind == "crash" for f in found):
             tally.crashes += 1
@@ -146,17 +157,6 @@ def fuzz_batch(seed: int, size: int, config: GeneratorConfig, work: Path, tally:
             tally.known[bug] = tally.known.get(bug, 0) + 1
         else:
             tally.new.append(failure)
-
-
-def _classify(model: onnx.ModelProto, findings: list[Finding]) -> str | None:
-    """A known bug's name if every finding of the component is an instance of a known bug."""
-    names = set()
-    for f in findings:
-        bug = known_bug_of(model, f.output, f.kind, f.detail)
-        if bug is None:
-            return None
-        names.add(bug.name)
-    return sorted(names)[0]
 
 
 def save_failure(failure: Failure, directory: Path) -> Path:

@@ -38,8 +38,10 @@ class Cone:
         self.producers = producers
         self.constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
         inferred = onnx.shape_inference.infer_shapes(model)
-        self.types = {v.name: v.type.tensor_type.elem_type
-                      for v in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)}
+        values = list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)
+        self.types = {v.name: v.type.tensor_type.elem_type for v in values}
+        self.shapes = {v.name: [d.dim_value if d.HasField("dim_value") else d.dim_param
+                                for d in v.type.tensor_type.shape.dim] for v in values}
 
     def ops(self, *op_types: str) -> list[onnx.NodeProto]:
         return [n for n in self.nodes if n.op_type in op_types]
@@ -76,7 +78,8 @@ def _folds_nan(cone: Cone, kind: str, detail: str) -> bool:
 
 
 def _reduces_infinite_row(cone: Cone, kind: str, detail: str) -> bool:
-    return kind in ("exact", "inf", "value", "nan") and bool(cone.ops("ReduceMin", "ReduceMax"))
+    infinite = "inf" in detail or "nan" in detail  # the row's ±inf, or what follows from it, on one side
+    return kind in ("exact", "inf", "value", "nan") and infinite and bool(cone.ops("ReduceMin", "ReduceMax"))
 
 
 def _casts_nan(cone: Cone, kind: str, detail: str) -> bool:
@@ -93,14 +96,27 @@ def _erf_minus_input(cone: Cone, kind: str, detail: str) -> bool:
         erf_of.get(a) == b or erf_of.get(b) == a for n in cone.ops("Add", "Sub") for a, b in [n.input[:2]])
 
 
+def _float16_unrounded(cone: Cone, kind: str, detail: str) -> bool:
+    float16_ops = [n for n in cone.nodes if cone.types.get(n.output[0]) == onnx.TensorProto.FLOAT16]
+    return kind in ("exact", "value") and "float16" in detail and len(float16_ops) >= 2
+
+
+def _gather_elements_unchecked(cone: Cone, kind: str, detail: str) -> bool:
+    def along_axis_of_one(n):
+        shape, axis = cone.shapes.get(n.input[0], []), next((a.i for a in n.attribute if a.name == "axis"), 0)
+        return bool(shape) and shape[axis] == 1
+    return kind == "missed-error" and "running GatherElements node" in detail and any(
+        along_axis_of_one(n) for n in cone.ops("GatherElements"))
+
+
 KNOWN_BUGS = (
+    KnownBug("nan-unsafe-folding",
+             "x - x folds to 0 and a * 0 to 0, wrong where x or a is NaN or ±inf (ONNX: NaN)",
+             ("self-cancel-folded", "mul-by-zero-folded"), ("sub-self-nan", "mul-zero-nan"), _folds_nan),
     KnownBug("float-reassociation",
              "TVM's simplifier reassociates float adds: (a + b) - b becomes a (1 instead of 0 for a=1, b=1e8), "
              "a - (b + a) becomes -b (-3e38 instead of -inf)",
              ("float-reassociation",), ("reassociation-cancellation", "reassociation-overflow"), _reassociates),
-    KnownBug("nan-unsafe-folding",
-             "x - x folds to 0 and a * 0 to 0, wrong where x or a is NaN or ±inf (ONNX: NaN)",
-             ("self-cancel-folded", "mul-by-zero-folded"), ("sub-self-nan", "mul-zero-nan"), _folds_nan),
     KnownBug("reduce-minmax-infinite-row",
              "ReduceMin over a row of +inf gives 3.4e38 and ReduceMax over -inf -3.4e38: the reduction starts "
              "from the type's largest finite value, not from ±inf",
@@ -113,6 +129,14 @@ KNOWN_BUGS = (
              "Erf(x) - x is 0 for NaN x: the NaN-keeping select around the fast erf, select(isnan(x), x, erf(x)), "
              "meets the subtraction and x - x folds to 0",
              ("erf-minus-input",), ("erf-minus-input-nan",), _erf_minus_input),
+    KnownBug("float16-excess-precision",
+             "float16 intermediates are not rounded to float16 between ops (ONNX and onnxruntime round after "
+             "each op): chains of float16 arithmetic differ in the last bit",
+             ("float16-arithmetic",), ("float16-excess-precision",), _float16_unrounded),
+    KnownBug("gatherelements-axis-of-one",
+             "GatherElements along an axis of size 1 returns a value for an out-of-range index (-2, 1) where "
+             "onnxruntime raises; along wider axes the kernel's index check raises",
+             ("gatherelements-axis-of-one",), ("gatherelements-axis-of-one",), _gather_elements_unchecked),
     KnownBug("cast-nan-to-int",
              "Cast float→int64 of NaN/±inf/out of range gives 0 or saturates where onnxruntime gives INT64_MIN "
              "(x86's cvttsd2si); a NaN-derived Gather index then reads a table value where onnxruntime raises",
@@ -121,15 +145,10 @@ KNOWN_BUGS = (
 
 
 def known_bug_of(model: onnx.ModelProto, output: str, kind: str, detail: str) -> KnownBug | None:
-    """The known bug a finding on `output` of the component `model` is an instance of, if any."""
-    cone = Cone(model, output) if output else None
-    for bug in KNOWN_BUGS:
-        if cone is not None and bug.matches(cone, kind, detail):
-            return bug
-        if cone is None and kind == "missed-error" and bug.name == "cast-nan-to-int":
-            if any(Cone(model, o.name).float_to_int_casts() for o in model.graph.output):
-                return bug
-    return None
+    """The known bug a finding on `output` of the component `model` is an instance of, if any.
+    A finding without an output (an error) is matched against each output's cone."""
+    cones = [Cone(model, o) for o in ([output] if output else [o.name for o in model.graph.output])]
+    return next((bug for bug in KNOWN_BUGS for cone in cones if bug.matches(cone, kind, detail)), None)
 
 
 def all_exclusions() -> frozenset[str]:

@@ -2,7 +2,8 @@
 
 Greedy delta debugging, each step kept only if the case still fails with the same kind of
 finding (every check recompiles with onnxfuse, a few seconds each):
-1. one output, one input set: the first finding's;
+1. one output, one input set: the first finding's (for an error or a crash, the first output
+   that alone still shows it);
 2. cut nodes, inputs side first: a node's outputs become graph inputs fed with the values
    onnxruntime computes for them on the failing inputs, and what then feeds nothing is pruned;
 3. one batch row: inputs with the batch axis keep only the first failing row.
@@ -50,6 +51,13 @@ def minimise_failure(failure: Failure, directory: Path | None = None, log=lambda
     finding = still_fails(model, feeds)
     if finding is None:  # flaky or dependent on other outputs: keep it as it is
         return replace(failure, feeds=[feeds])
+    if not first.output:  # an error or a crash: keep only an output that still shows it
+        for output in [o.name for o in model.graph.output]:
+            one = prune(model, [output])
+            if len(model.graph.output) > 1 and (found := still_fails(one, {i.name: feeds[i.name] for i in one.graph.input})):
+                model, finding = one, found
+                feeds = {i.name: feeds[i.name] for i in one.graph.input}
+                break
     progress = True
     while progress:
         progress = False
