@@ -30,7 +30,7 @@ class Corpus:
     fused: Path
     library: Path | None
     report: dict
-    cases: dict  # name → (renamed model, feeds)
+    cases: dict  # name → (renamed model, input sets)
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +64,8 @@ def test_regression_is_fused(corpus, name):
 
 @pytest.mark.parametrize("name", [_param(n) for n in NAMES])
 def test_regression_matches_onnxruntime(corpus, name):
-    model, feeds = corpus.cases[name]
-    case = Case(name, [o.name for o in model.graph.output], [feeds])
+    model, feed_sets = corpus.cases[name]
+    case = Case(name, [o.name for o in model.graph.output], feed_sets)
     findings = run_cases(Job(str(corpus.original), str(corpus.fused), str(corpus.library) if corpus.library else None,
                              [case]))
     assert not findings, "\n".join(f"{f.kind} {f.output}: {f.detail}" for f in findings)

@@ -9,13 +9,18 @@ works around are pinned here, so a change in onnxruntime shows up.
 
 from __future__ import annotations
 
+import subprocess
+
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from fuzz import regressions
 from fuzz.campaign import Tally, fuzz_batch
+from fuzz.execute import Case, Job, run_cases
 from fuzz.graphs import GeneratorConfig, OPSET
 from fuzz.known_bugs import all_exclusions
 
@@ -58,3 +63,19 @@ def test_clip_without_max_clamps_inf_to_the_largest_float_in_onnxruntime():
     got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert got[0, 0] == np.finfo(np.float32).max and got[0, 1] == -1 and np.isnan(got[0, 2])
     assert ReferenceEvaluator(model).run(None, {"x": x})[0][0, 0] == np.inf
+
+
+def test_a_crashing_kernel_library_costs_one_case_not_the_run(tmp_path):
+    """A fused model that takes its process down (here: a library that aborts when onnxruntime
+    registers it) is recorded as a crash of that case; the other cases still run."""
+    source = tmp_path / "abort.c"
+    source.write_text("#include <stdlib.h>\nvoid *RegisterCustomOps(void *options, const void *api) { abort(); }\n")
+    library = tmp_path / "libabort.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    model, feed_sets = regressions.load("sub-self-nan")
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    cases = [Case(name, ["y"], feed_sets) for name in ("first", "second")]
+    findings = run_cases(Job(str(path), str(path), str(library), cases))
+    assert [(f.case, f.kind, f.detail) for f in findings] == [("first", "crash", "signal SIGABRT"),
+                                                              ("second", "crash", "signal SIGABRT")]

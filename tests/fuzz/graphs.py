@@ -200,6 +200,8 @@ class _Builder:
         if op in ("Add", "Sub") and self.excluded("float-reassociation") and v.dtype in FLOATS:
             if self.shares_add_operand(v.name, other):
                 return None
+        if op in ("Add", "Sub") and self.excluded("mul-feeds-add") and self.made_by("Mul", v.name, other):
+            return None
         if op in ("Add", "Sub") and self.excluded("erf-minus-input") and self.erf_meets_its_input(v.name, other):
             return None
         operands = [v.name, other] if self.rng.random() < 0.5 else [other, v.name]
@@ -213,9 +215,13 @@ class _Builder:
         if self.excluded("float-reassociation"):
             return None
         a = self.pick(lambda w: w.dtype in FLOATS)
+        if a is not None and self.excluded("mul-feeds-add") and self.made_by("Mul", a.name):
+            return None
         if a is None:
             return None
         b = self.operand_like(a, allow_special=False)
+        if self.excluded("mul-feeds-add") and self.made_by("Mul", b):
+            return None
         s = self.emit("Add", [a.name, b], a.dtype, broadcast(a.shape, self.shape_of(b)))
         pair = [[s.name, b], [b, s.name], [s.name, a.name], [a.name, s.name]][self.rng.integers(4)]
         return self.emit("Sub", pair, a.dtype, s.shape)
@@ -264,7 +270,7 @@ class _Builder:
         lo = self.constant(np.array(-1.5, v.dtype), "lo")
         hi = self.constant(np.array(2.5, v.dtype), "hi")
         inputs = [[v.name, lo, hi], [v.name, lo], [v.name, "", hi]][self.rng.integers(3)]
-        if len(inputs) == 2 and self.excluded("clip-without-max"):
+        if self.excluded("clip-without-max"):
             inputs = [v.name, lo, hi]
         return self.emit("Clip", inputs, v.dtype, v.shape)
 
@@ -388,8 +394,8 @@ class _Builder:
             return None
         rank = len(v.shape)
         axes = sorted({int(a) for a in self.rng.choice(np.arange(1, rank), size=self.rng.integers(1, rank), replace=False)})
-        if self.rng.random() < 0.15:
-            axes = [0] + axes  # over the batch too
+        if self.rng.random() < 0.15 and op != "ReduceMean" and not self.excluded("reduce-over-batch"):
+            axes = [0] + axes  # over the batch too (not a mean: over an empty batch, ONNX leaves it undefined)
         keep = int(self.rng.integers(2))
         shape = tuple((1 if keep else None) if i in axes else d for i, d in enumerate(v.shape))
         shape = tuple(d for d in shape if d is not None)
@@ -417,6 +423,9 @@ class _Builder:
     def is_zero_const(self, name: str) -> bool:
         array = self.c.initializers.get(name)
         return array is not None and array.dtype.kind == "f" and bool((array == 0).any())
+
+    def made_by(self, op: str, *names: str) -> bool:
+        return any(self.producer[n].op_type == op for n in names if n in self.producer)
 
     def erf_meets_its_input(self, a: str, b: str) -> bool:
         def erf_input(name):

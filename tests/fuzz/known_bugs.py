@@ -87,7 +87,7 @@ def _casts_nan(cone: Cone, kind: str, detail: str) -> bool:
 
 
 def _clips_inf(cone: Cone, kind: str, detail: str) -> bool:
-    return kind in ("exact", "inf", "value", "nan") and any(len(n.input) == 2 or not n.input[2] for n in cone.ops("Clip"))
+    return kind in ("exact", "inf", "value", "nan") and any(len(n.input) < 3 or not n.input[1] or not n.input[2] for n in cone.ops("Clip"))
 
 
 def _erf_minus_input(cone: Cone, kind: str, detail: str) -> bool:
@@ -108,6 +108,21 @@ def _gather_elements_unchecked(cone: Cone, kind: str, detail: str) -> bool:
     return kind == "missed-error" and "running GatherElements node" in detail and any(
         along_axis_of_one(n) for n in cone.ops("GatherElements"))
 
+
+def _contracts_mul_add(cone: Cone, kind: str, detail: str) -> bool:
+    products = {n.output[0] for n in cone.ops("Mul")}
+    return kind in ("exact", "value") and any(set(n.input) & products for n in cone.ops("Add", "Sub"))
+
+
+def _reduces_empty_batch(cone: Cone, kind: str, detail: str) -> bool:
+    def over_batch(n):
+        axes = cone.constants.get(n.input[1]) if len(n.input) > 1 else None
+        axes = axes if axes is not None else next((a.ints for a in n.attribute if a.name == "axes"), None)
+        return axes is None or 0 in list(axes)
+    return kind != "crash" and any(over_batch(n) for n in cone.ops(*REDUCTIONS))
+
+
+REDUCTIONS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")
 
 KNOWN_BUGS = (
     KnownBug("nan-unsafe-folding",
@@ -137,6 +152,14 @@ KNOWN_BUGS = (
              "GatherElements along an axis of size 1 returns a value for an out-of-range index (-2, 1) where "
              "onnxruntime raises; along wider axes the kernel's index check raises",
              ("gatherelements-axis-of-one",), ("gatherelements-axis-of-one",), _gather_elements_unchecked),
+    KnownBug("fma-contraction",
+             "x * y + z becomes a fused multiply-add: no rounding of the product, unlike ONNX and onnxruntime, "
+             "so Mul → Add/Sub chains differ in the last bit",
+             ("mul-feeds-add",), ("fma-contraction",), _contracts_mul_add),
+    KnownBug("reduce-empty-batch",
+             "a reduction over the batch axis of an empty batch leaves its output unwritten (stale values of an "
+             "earlier call) where the sum of nothing is 0 and the max -inf",
+             ("reduce-over-batch",), ("reduce-empty-batch",), _reduces_empty_batch),
     KnownBug("cast-nan-to-int",
              "Cast float→int64 of NaN/±inf/out of range gives 0 or saturates where onnxruntime gives INT64_MIN "
              "(x86's cvttsd2si); a NaN-derived Gather index then reads a table value where onnxruntime raises",

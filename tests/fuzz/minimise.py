@@ -78,7 +78,7 @@ def minimise_failure(failure: Failure, directory: Path | None = None, log=lambda
     small = Failure(model, [feeds], [finding], failure.bug)
     if directory is not None:
         save_failure(small, directory)
-        np.savez(directory / "inputs.npz", **feeds)
+        np.savez(directory / "inputs.npz", **feeds)  # regressions.save's format for one input set
     return small
 
 
