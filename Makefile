@@ -39,7 +39,7 @@ demo: install
 # Differential fuzzing against onnxruntime (tests/fuzz/): FUZZ_SECONDS (default 1500), FUZZ_SEED,
 # FUZZ_BATCH, FUZZ_JOBS, FUZZ_OUT (default out/fuzz). Fails on any finding that is not a known bug.
 fuzz: install
-	cd tests && PYTHONPATH=. ../$(BIN)/python -m fuzz
+	cd tests && FUZZ_OUT=$${FUZZ_OUT:-$(CURDIR)/out/fuzz} PYTHONPATH=. ../$(BIN)/python -m fuzz
 
 clean:
 	rm -rf out build *.egg-info .pytest_cache

@@ -11,7 +11,6 @@ inputs) so it can be minimised (minimise.py) and replayed.
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import re
 import subprocess
