@@ -79,3 +79,22 @@ def test_a_crashing_kernel_library_costs_one_case_not_the_run(tmp_path):
     findings = run_cases(Job(str(path), str(path), str(library), cases))
     assert [(f.case, f.kind, f.detail) for f in findings] == [("first", "crash", "signal SIGABRT"),
                                                               ("second", "crash", "signal SIGABRT")]
+
+
+def test_onnxruntime_matmul_transpose_fusion_raises_on_an_empty_batch():
+    """Why execute.py falls back to an unoptimized reference session when onnxruntime's error names
+    one of its own fusions: Transpose → MatMul on a batch of 0 is a [0, 5, 3] tensor, but the
+    FusedMatMul onnxruntime rewrites it into raises."""
+    graph = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["n"]), helper.make_node("Transpose", ["n"], ["t"], perm=[0, 2, 1]),
+         helper.make_node("MatMul", ["t", "w"], ["y"])], "pin",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ("N", 1, 5)),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, (1, 3))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ("N", 5, 3))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=9).SerializeToString()
+    feeds = {"x": np.ones((0, 1, 5), np.float32), "w": np.ones((1, 3), np.float32)}
+    plain = ort.SessionOptions()
+    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    assert ort.InferenceSession(model, plain, providers=["CPUExecutionProvider"]).run(None, feeds)[0].shape == (0, 5, 3)
+    with pytest.raises(Exception, match="MatmulTransposeFusion"):
+        ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)

@@ -108,11 +108,13 @@ def run_cases(job: Job, timeout: float = 600) -> list[Finding]:
 
 # -- the child's side ----------------------------------------------------------------------------
 
-def _session(model: onnx.ModelProto, library: str | None):
+def _session(model: onnx.ModelProto, library: str | None, optimized: bool = True):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 4
+    if not optimized:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if library:
         options.register_custom_ops_library(library)
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -138,6 +140,10 @@ def _check(case: Case, original: onnx.ModelProto, fused: onnx.ModelProto, librar
     for number, feeds in enumerate(case.feeds):
         emit({"event": "start", "case": case.id, "set": number, "side": "reference"})
         expected, error = _run(reference, feeds)
+        if error is not None and "Fusion/" in error:
+            # onnxruntime's own graph rewrite failed (MatmulTransposeFusion raises on an empty batch:
+            # test_fuzz_slice.py pins it); the graph as written is the reference then.
+            expected, error = _run(_session(reference_model, None, optimized=False), feeds)
         emit({"event": "start", "case": case.id, "set": number, "side": "fused"})
         actual, fused_error = _run(compiled, feeds)
         if error is not None and fused_error is None:

@@ -182,6 +182,8 @@ class _Builder:
             return None
         ops = UNARY_FLOAT if v.dtype in FLOATS else UNARY_INT
         op = ops[self.rng.integers(len(ops))]
+        if op == "Softplus" and self.excluded("softplus"):
+            op = "Sigmoid"
         attrs = {"LeakyRelu": {"alpha": 0.1}, "Elu": {"alpha": 0.7}, "HardSigmoid": {"alpha": 0.3, "beta": 0.4}}
         return self.emit(op, [v.name], v.dtype, v.shape, **attrs.get(op, {}))
 

@@ -121,6 +121,10 @@ def _reduces_empty_batch(cone: Cone, kind: str, detail: str) -> bool:
     return kind != "crash" and any(over_batch(n) for n in cone.ops(*REDUCTIONS))
 
 
+def _softplus_underflows(cone: Cone, kind: str, detail: str) -> bool:
+    return kind in ("inf", "nan", "value", "exact") and bool(cone.ops("Softplus"))
+
+
 REDUCTIONS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")
 
 KNOWN_BUGS = (
@@ -159,6 +163,10 @@ KNOWN_BUGS = (
              "a reduction over the batch axis of an empty batch leaves its output unwritten (stale values of an "
              "earlier call) where the sum of nothing is 0 and the max -inf",
              ("reduce-over-batch",), ("reduce-empty-batch",), _reduces_empty_batch),
+    KnownBug("softplus-underflow",
+             "Softplus(x) is 0 for x below about -17 (log(1 + exp(x)) with 1 + exp(x) rounded to 1) where "
+             "onnxruntime gives about exp(x); a reciprocal of it is then inf instead of up to 1e37",
+             ("softplus",), ("softplus-underflow",), _softplus_underflows),
     KnownBug("cast-nan-to-int",
              "Cast float→int64 of NaN/±inf/out of range gives 0 or saturates where onnxruntime gives INT64_MIN "
              "(x86's cvttsd2si); a NaN-derived Gather index then reads a table value where onnxruntime raises",

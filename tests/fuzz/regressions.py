@@ -130,6 +130,11 @@ HANDWRITTEN = {
                {"i": (I64, ("N", 3))}, {"y": (F32, (1, 1))},
                {"table": np.array([-3.6, -8.36], np.float32), "axes": np.array([0, 1], np.int64)}),
         [{"i": np.zeros((3, 3), np.int64)}, {"i": np.zeros((0, 3), np.int64)}]),
+    # 1 / Softplus(x) for x <= -20: Softplus is about exp(x) there (onnxruntime: 2.06e-9 at -20), but
+    # log(1 + exp(x)) rounds 1 + exp(x) to 1 and gives 0, so the reciprocal is inf.
+    "softplus-underflow": lambda: (
+        _model([("Softplus", ["x"], "s", {}), ("Reciprocal", ["s"], "y", {})], {"x": (F32, ROW)}, {"y": (F32, ROW)}),
+        {"x": _row(-20, -50, -84.85, 1)}),
     # Clip without max: the spec's default max is the type's largest value, so +inf becomes 3.4e38
     # (onnxruntime does; onnx's own reference evaluator leaves inf: test_fuzz_slice.py pins both).
     "clip-default-max-inf": lambda: (
