@@ -131,23 +131,23 @@ REDUCTIONS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")
 KNOWN_BUGS = (
     KnownBug("nan-unsafe-folding",
              "x - x folds to 0 and a * 0 to 0, wrong where x or a is NaN or ±inf (ONNX: NaN)",
-             ("self-cancel-folded", "mul-by-zero-folded"), ("sub-self-nan", "mul-zero-nan"), _folds_nan),
+             ("self-cancel-folded", "mul-by-zero-folded"), ("sub-self-nan", "mul-zero-nan"), _folds_nan, fixed=True),
     KnownBug("float-reassociation",
              "TVM's simplifier reassociates float adds: (a + b) - b becomes a (1 instead of 0 for a=1, b=1e8), "
              "a - (b + a) becomes -b (-3e38 instead of -inf)",
-             ("float-reassociation",), ("reassociation-cancellation", "reassociation-overflow"), _reassociates),
+             ("float-reassociation",), ("reassociation-cancellation", "reassociation-overflow"), _reassociates, fixed=True),
     KnownBug("reduce-minmax-infinite-row",
              "ReduceMin over a row of +inf gives 3.4e38 and ReduceMax over -inf -3.4e38: the reduction starts "
              "from the type's largest finite value, not from ±inf",
-             ("reduce-minmax-infinite-row",), ("reduce-minmax-inf-row",), _reduces_infinite_row),
+             ("reduce-minmax-infinite-row",), ("reduce-minmax-inf-row",), _reduces_infinite_row, fixed=True),
     KnownBug("clip-default-max",
              "Clip without max leaves +inf (and without min -inf) where the spec's default bound is the type's "
              "largest (lowest) finite value, as onnxruntime clamps",
-             ("clip-without-max",), ("clip-default-max-inf",), _clips_inf),
+             ("clip-without-max",), ("clip-default-max-inf",), _clips_inf, fixed=True),
     KnownBug("erf-nan-select-folded",
              "Erf(x) - x is 0 for NaN x: the NaN-keeping select around the fast erf, select(isnan(x), x, erf(x)), "
              "meets the subtraction and x - x folds to 0",
-             ("erf-minus-input",), ("erf-minus-input-nan",), _erf_minus_input),
+             ("erf-minus-input",), ("erf-minus-input-nan",), _erf_minus_input, fixed=True),
     KnownBug("float16-excess-precision",
              "float16 intermediates are not rounded to float16 between ops (ONNX and onnxruntime round after "
              "each op): chains of float16 arithmetic differ in the last bit",
@@ -171,7 +171,13 @@ KNOWN_BUGS = (
     KnownBug("cast-nan-to-int",
              "Cast float→int64 of NaN/±inf/out of range gives 0 or saturates where onnxruntime gives INT64_MIN "
              "(x86's cvttsd2si); a NaN-derived Gather index then reads a table value where onnxruntime raises",
-             ("cast-nan-to-int", "nan-index-gather"), ("cast-nan-int64", "gather-nan-index"), _casts_nan),
+             ("cast-nan-to-int",), ("cast-nan-int64", "gather-nan-index"), _casts_nan, fixed=True),
+    KnownBug("computed-index-missed-error",
+             "With the Cast fixed, the fixed-seed slice (seed 0, component c16: Reciprocal → Split → GatherElements "
+             "over indices computed by Floor → Cast) still returned values on one input where onnxruntime raises "
+             "'Out of range value in index tensor'; the same graph raises correctly on NaN, ±inf and out-of-range "
+             "inputs tried by hand. Not yet minimised: computed indices stay excluded from the slice meanwhile",
+             ("nan-index-gather",), (), _casts_nan),
 )
 
 
