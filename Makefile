@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   ?= models/lstm_cell.onnx
 
-.PHONY: install aarch64-deps test test-fast lint demo bench models clean
+.PHONY: install aarch64-deps test test-fast lint demo bench models clean fuzz
 
 install: $(STAMP) aarch64-deps
 
@@ -38,6 +38,11 @@ demo: install
 	$(BIN)/onnxfuse inspect $(DEMO)
 	$(BIN)/onnxfuse optimize $(DEMO) -o out/demo.fused.onnx --report out/demo.report.json
 	$(BIN)/onnxfuse verify $(DEMO) out/demo.fused.onnx
+
+# Differential fuzzing against onnxruntime (tests/fuzz/): FUZZ_SECONDS (default 1500), FUZZ_SEED,
+# FUZZ_BATCH, FUZZ_JOBS, FUZZ_OUT (default out/fuzz). Fails on any finding that is not a known bug.
+fuzz: install
+	cd tests && FUZZ_OUT=$${FUZZ_OUT:-$(CURDIR)/out/fuzz} PYTHONPATH=. ../$(BIN)/python -m fuzz
 
 clean:
 	rm -rf out build *.egg-info .pytest_cache

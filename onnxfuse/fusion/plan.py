@@ -128,7 +128,7 @@ def plan_fusion(graph: Graph, options: FusionOptions | None = None, leave_out: L
 def _plan_scope(graph: Graph, scope: str, options: FusionOptions, leave_out: LeaveOut | None):
     """Groups, unfused nodes and pattern kinds of one graph (the model's, or one body)."""
     prefix = f"{scope}/" if scope else ""
-    fg = build_forward_graph(graph)
+    fg = build_forward_graph(graph, options.enclosed_gemms)
     if leave_out is not None:
         reasons = leave_out(graph)
         marked = [fnode.node.index in reasons for fnode in fg.nodes]
