@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 
 from . import __version__
 from .fusion.plan import FusedGroup
-from .ir import Graph
+from .ir import Graph, body_path
 from .kernel_spec import DOMAIN, DOMAIN_VERSION, LIBRARY_METADATA_KEY, GroupKernel
 from .report import ops_summary
 from .target import Target
@@ -26,14 +26,53 @@ def package_model(
 ) -> onnx.ModelProto:
     """The model with each fused group replaced by its custom node. `consume=True` rewrites
     `graph.model` itself instead of a copy, so a 2 GB model is held once, not twice (the
-    pipeline's last use of the graph; the graph is unusable after)."""
-    original = graph.model
+    pipeline's last use of the graph; the graph is unusable after).
+
+    `fused` may hold groups of any If/Loop/Scan body (FusedGroup.scope): those become custom nodes
+    inside that body, which onnxruntime resolves like any other node there."""
+    by_scope: dict[str, list[tuple[FusedGroup, GroupKernel]]] = {}
+    for group, kernel in fused:
+        by_scope.setdefault(group.scope, []).append((group, kernel))
+    if consume:
+        model = graph.model
+    else:
+        model = onnx.ModelProto()
+        model.CopyFrom(graph.model)
+    _rewrite_graph(model.graph, graph, "", by_scope)
+    if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    _set_metadata(model, {LIBRARY_METADATA_KEY: library_name, "onnxfuse.version": __version__,
+                          **target_metadata(target)})
+    return model
+
+
+def _rewrite_graph(g: onnx.GraphProto, graph: Graph, scope: str,
+                   by_scope: dict[str, list[tuple[FusedGroup, GroupKernel]]]) -> None:
+    """Rewrite `g` (`graph`'s GraphProto, or a copy) in place: the bodies below it first, then
+    its own groups become custom nodes, then what nothing reads any more goes."""
+    for node in graph.nodes:
+        for attribute, body in node.bodies.items():
+            path = body_path(scope, node, attribute)
+            if any(s == path or s.startswith(f"{path}/") for s in by_scope):
+                body_proto = next(a.g for a in g.node[node.index].attribute if a.name == attribute)
+                _rewrite_graph(body_proto, body, path, by_scope)
+    extra_inits = _replace_groups(g, graph, by_scope[scope]) if scope in by_scope else []
+    used = {i for n in g.node for i in _reads(n)} | {o.name for o in g.output}
+    dropped = {t.name for t in g.initializer if t.name not in used}
+    for position in reversed([k for k, t in enumerate(g.initializer) if t.name in dropped]):
+        del g.initializer[position]  # in place: the kept weights are never copied
+    g.initializer.extend(extra_inits)
+    _drop_unused(g, used, dropped)
+
+
+def _replace_groups(g: onnx.GraphProto, graph: Graph, fused: list[tuple[FusedGroup, GroupKernel]],
+                    ) -> list[onnx.TensorProto]:
+    """Each group's nodes in `g` replaced by its custom node; returns the constants they lift."""
     replaced = {i for group, _ in fused for i in group.node_indices}
     first_member = {min(group.node_indices): (group, kernel) for group, kernel in fused}
-
     nodes: list[tuple[int, onnx.NodeProto]] = []  # (original position, node)
     extra_inits: list[onnx.TensorProto] = []
-    for index, proto in enumerate(original.graph.node):
+    for index, proto in enumerate(g.node):
         if index in first_member:
             group, kernel = first_member[index]
             node, weights = custom_op_node(group, kernel, graph)
@@ -41,27 +80,10 @@ def package_model(
             extra_inits.extend(weights)
         elif index not in replaced:
             nodes.append((index, proto))
-
-    if consume:
-        model = original
-    else:
-        model = onnx.ModelProto()
-        model.CopyFrom(original)
-    g = model.graph
     ordered = [_copy(n) for n in _topological(nodes)]  # copies: the node list is rebuilt below
     del g.node[:]
     g.node.extend(ordered)
-    used = {i for n in g.node for i in _reads(n)} | {o.name for o in g.output}
-    dropped = {t.name for t in g.initializer if t.name not in used}
-    for position in reversed([k for k, t in enumerate(g.initializer) if t.name in dropped]):
-        del g.initializer[position]  # in place: the kept weights are never copied
-    g.initializer.extend(extra_inits)
-    _drop_unused(g, used, dropped)
-    if not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
-    _set_metadata(model, {LIBRARY_METADATA_KEY: library_name, "onnxfuse.version": __version__,
-                          **target_metadata(target)})
-    return model
+    return extra_inits
 
 
 def target_metadata(target: Target | str) -> dict[str, str]:

@@ -41,7 +41,7 @@ from .package import package_model
 from .progress import Progress
 from .runtime.library import build_library
 from .select import SELECTIONS
-from .select.auto import auto_rejects
+from .select.auto import auto_rejects, leave_to_onnxruntime
 from .select.measured import judge_groups
 from .select.whole_model import check_whole_model
 from .target import Target, resolve_target
@@ -128,7 +128,7 @@ class OptimizeResult:
     measured: dict = field(default_factory=dict)  # --select measured: copy bandwidth, whole-model check
     source_path: Path | None = None
     target: Target | None = None
-    node_op_types: tuple[str, ...] = ()  # every node of the original model, in order
+    node_op_types: tuple[tuple[str, int, str], ...] = ()  # (scope, index, op type) of every node, bodies' too
     timings: dict = field(default_factory=dict)  # stage → seconds
     data_path: Path | None = None  # the model's external data file, when it has one
     report_path: Path | None = None
@@ -137,8 +137,8 @@ class OptimizeResult:
     def report(self) -> dict:
         """What --report writes (docs/report.md states every field)."""
         counts = {s: sum(o.status == s for o in self.outcomes) for s in ("compiled", "cached", "fallback")}
-        fused = {i for o in self.outcomes if o.kernel for i in o.group.node_indices}
-        compute = [i for i, op in enumerate(self.node_op_types) if is_compute_op(op)]
+        fused = {(o.group.scope, i) for o in self.outcomes if o.kernel for i in o.group.node_indices}
+        compute = [(scope, i) for scope, i, op in self.node_op_types if is_compute_op(op)]
         fused_compute = sum(i in fused for i in compute)
         return {
             "schema_version": REPORT_SCHEMA_VERSION,
@@ -238,9 +238,9 @@ def run_pipeline(model_path: Path, out_path: Path | None, options: OptimizeOptio
     del header
     graph = load_model(model_path)
     require_loadable_ir_version(graph.model, model_path)
-    node_op_types = tuple(n.op_type for n in graph.nodes)
+    node_op_types = tuple((scope, n.index, n.op_type) for scope, body in graph.scopes() for n in body.nodes)
     clock.lap("load")
-    plan = plan_fusion(graph, options.fusion)
+    plan = plan_fusion(graph, options.fusion, leave_to_onnxruntime if options.select == "auto" else None)
     clock.lap("plan")
 
     with tempfile.TemporaryDirectory(prefix="onnxfuse-build-") as build_dir:
@@ -353,7 +353,7 @@ def _compile_groups(graph: Graph, plan: FusionPlan, tgt: Target, options: Optimi
 
 def _too_heavy(graph: Graph, group: FusedGroup) -> str | None:
     """Why a group is left alone for the size of its weights (GROUP_WEIGHT_LIMIT), or None."""
-    weights = [graph.value(name).initializer for name in group.inputs]
+    weights = [graph.scope(group.scope).value(name).initializer for name in group.inputs]
     total = sum(tensor_bytes(t) or 0 for t in weights if t is not None)
     if total <= GROUP_WEIGHT_LIMIT:
         return None

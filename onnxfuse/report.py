@@ -30,7 +30,7 @@ def format_plan(model_name: str, plan: FusionPlan) -> str:
     if plan.unfused:
         lines.append("  unfused:")
         for u in plan.unfused:
-            lines.append(f"    #{u.node_index} {u.op_type}: {u.reason}")
+            lines.append(f"    {u.where} {u.op_type}: {u.reason}")
     return "\n".join(lines)
 
 
