@@ -1,8 +1,9 @@
 """Write the model back as ONNX: each compiled group becomes one custom-op node.
 
 The custom node reads the kernel's arguments in order (runtime inputs and weights alike, so the
-model file stays the one place weights live) and produces the group's outputs. Everything not
-compiled stays as it was, for onnxruntime to run.
+model file stays the one place weights live) and produces the group's outputs. Groups with one
+kernel identity (kernel_identity.py) become nodes of one op_type, each passing its own values.
+Everything not compiled stays as it was, for onnxruntime to run.
 """
 
 from __future__ import annotations
@@ -32,13 +33,13 @@ def package_model(
     first_member = {min(group.node_indices): (group, kernel) for group, kernel in fused}
 
     nodes: list[tuple[int, onnx.NodeProto]] = []  # (original position, node)
-    extra_inits: list[onnx.TensorProto] = []
+    extra_inits: dict[str, onnx.TensorProto] = {}
     for index, proto in enumerate(original.graph.node):
         if index in first_member:
             group, kernel = first_member[index]
             node, weights = custom_op_node(group, kernel, graph)
             nodes.append((index, node))
-            extra_inits.extend(weights)
+            extra_inits.update((w.name, w) for w in weights)
         elif index not in replaced:
             nodes.append((index, proto))
 
@@ -55,7 +56,7 @@ def package_model(
     dropped = {t.name for t in g.initializer if t.name not in used}
     for position in reversed([k for k, t in enumerate(g.initializer) if t.name in dropped]):
         del g.initializer[position]  # in place: the kept weights are never copied
-    g.initializer.extend(extra_inits)
+    g.initializer.extend(extra_inits.values())
     _drop_unused(g, used, dropped)
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
@@ -80,12 +81,14 @@ def _copy(proto: onnx.NodeProto) -> onnx.NodeProto:
 
 def custom_op_node(group: FusedGroup, kernel: GroupKernel, graph: Graph | None = None,
                    ) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
-    """The node that runs `kernel` in place of `group`, and the lifted constants it reads. Its
-    doc_string names the nodes it replaced, so a model viewer shows more than a hash."""
+    """The node that runs `kernel` in place of `group`, and the lifted constants it reads: the
+    kernel's own (named after it, so the nodes sharing the kernel share them too) and this
+    group's (a transposed weight). Its doc_string names the nodes it replaced, so a model viewer
+    shows more than a hash."""
     inputs, weights = [], []
     for source in kernel.arg_sources:
         if source in kernel.extra_weights:
-            name = f"{group.name}__{source}"
+            name = source if source.startswith(f"{kernel.spec.name}__") else f"{group.name}__{source}"
             weights.append(numpy_helper.from_array(kernel.extra_weights[source], name))
             inputs.append(name)
         else:
