@@ -105,7 +105,8 @@ def canonical_group(group_model: onnx.ModelProto) -> CanonicalGroup:
     for position, node in enumerate(g.node):
         clone = onnx.NodeProto()
         clone.CopyFrom(node)
-        clone.name, clone.doc_string = f"n{position}", ""
+        clone.name = f"n{position}"
+        _drop_notes(clone)
         clone.input[:] = [names[i] for i in node.input]
         clone.output[:] = [names[o] for o in node.output]
         nodes.append(clone)
@@ -132,7 +133,8 @@ def _baked_initializers(g: onnx.GraphProto, initializers: dict[str, onnx.TensorP
 def _renamed_tensor(tensor: onnx.TensorProto, name: str) -> onnx.TensorProto:
     clone = onnx.TensorProto()
     clone.CopyFrom(tensor)
-    clone.name, clone.doc_string = name, ""
+    clone.name = name
+    _drop_notes(clone)
     return clone
 
 
@@ -140,10 +142,21 @@ def _renamed_info(value: onnx.ValueInfoProto, name: str, symbols: dict[str, str]
     """`value` under `name`, its symbolic dims named `s<k>` in order of first appearance."""
     clone = onnx.ValueInfoProto()
     clone.CopyFrom(value)
-    clone.name, clone.doc_string = name, ""
+    clone.name = name
+    _drop_notes(clone)
     if clone.type.HasField("tensor_type") and clone.type.tensor_type.HasField("shape"):
         for dim in clone.type.tensor_type.shape.dim:
             if dim.HasField("dim_param"):
                 dim.dim_param = symbols.setdefault(dim.dim_param, f"s{len(symbols)}")
             dim.denotation = ""
     return clone
+
+
+def _drop_notes(proto) -> None:
+    """Clears what exporters write for people (doc strings, source locations, module paths in
+    metadata_props): it differs from layer to layer and means nothing to the kernel."""
+    proto.doc_string = ""
+    for attribute in getattr(proto, "attribute", ()):
+        attribute.doc_string = ""
+    if hasattr(proto, "metadata_props"):
+        del proto.metadata_props[:]
