@@ -66,6 +66,12 @@ class CanonicalGroup:
                 sources.append(canonical)
         return replace(kernel, arg_sources=tuple(sources), extra_weights=extra)
 
+    def slim(self, model_values: Container[str]) -> CanonicalGroup:
+        """This group without copies of the weights the model holds: all `bind` needs, so groups
+        waiting for their kernel do not hold a second copy of the model's weights."""
+        kept = {name: array for name, array in self.weights.items() if self.sources[name] not in model_values}
+        return replace(self, weights=kept)
+
     def _tensor(self, canonical: str) -> np.ndarray:
         if canonical in self.weights:
             return self.weights[canonical]

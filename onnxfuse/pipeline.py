@@ -327,7 +327,7 @@ def _compile_groups(graph: Graph, plan: FusionPlan, tgt: Target, options: Optimi
             continue
         pending.setdefault(key, (canonical.model.SerializeToString(deterministic=True), kernel_name(key), dup,
                                  canonical.weights))
-        waiting.setdefault(key, []).append((group, canonical))
+        waiting.setdefault(key, []).append((group, canonical.slim(graph.values)))
 
     jobs = max(1, min(options.jobs or os.cpu_count() or 1, len(pending)))
     running = _InFlight([waiting[key][0][0] for key in pending], pending, jobs)
