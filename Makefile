@@ -48,15 +48,19 @@ clean:
 	rm -rf out build *.egg-info .pytest_cache
 
 # Benchmarks (benchmarks/run.py): tables on stdout, JSON + markdown in benchmarks/results/.
-.PHONY: bench-trees bench-cells
+.PHONY: bench-trees bench-cells bench-repeat
 bench: install
 	$(BIN)/python benchmarks/run.py models
+	$(BIN)/python benchmarks/run.py repeat
 
 bench-trees: install
 	$(BIN)/python benchmarks/run.py trees
 
 bench-cells: install
 	$(BIN)/python benchmarks/run.py cells
+
+bench-repeat: install
+	$(BIN)/python benchmarks/run.py repeat
 
 # The corpus of real exporter outputs (models/exported/README.md). Not run by CI, which tests the
 # committed files. The exporters live in two virtualenvs outside the repository (their pins

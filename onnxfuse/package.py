@@ -1,8 +1,9 @@
 """Write the model back as ONNX: each compiled group becomes one custom-op node.
 
 The custom node reads the kernel's arguments in order (runtime inputs and weights alike, so the
-model file stays the one place weights live) and produces the group's outputs. Everything not
-compiled stays as it was, for onnxruntime to run.
+model file stays the one place weights live) and produces the group's outputs. Groups with one
+kernel identity (kernel_identity.py) become nodes of one op_type, each passing its own values.
+Everything not compiled stays as it was, for onnxruntime to run.
 """
 
 from __future__ import annotations
@@ -71,19 +72,19 @@ def _replace_groups(g: onnx.GraphProto, graph: Graph, fused: list[tuple[FusedGro
     replaced = {i for group, _ in fused for i in group.node_indices}
     first_member = {min(group.node_indices): (group, kernel) for group, kernel in fused}
     nodes: list[tuple[int, onnx.NodeProto]] = []  # (original position, node)
-    extra_inits: list[onnx.TensorProto] = []
+    extra_inits: dict[str, onnx.TensorProto] = {}  # by name: groups that share a kernel may share a lifted weight
     for index, proto in enumerate(g.node):
         if index in first_member:
             group, kernel = first_member[index]
             node, weights = custom_op_node(group, kernel, graph)
             nodes.append((index, node))
-            extra_inits.extend(weights)
+            extra_inits.update((w.name, w) for w in weights)
         elif index not in replaced:
             nodes.append((index, proto))
     ordered = [_copy(n) for n in _topological(nodes)]  # copies: the node list is rebuilt below
     del g.node[:]
     g.node.extend(ordered)
-    return extra_inits
+    return list(extra_inits.values())
 
 
 def target_metadata(target: Target | str) -> dict[str, str]:
@@ -102,12 +103,14 @@ def _copy(proto: onnx.NodeProto) -> onnx.NodeProto:
 
 def custom_op_node(group: FusedGroup, kernel: GroupKernel, graph: Graph | None = None,
                    ) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
-    """The node that runs `kernel` in place of `group`, and the lifted constants it reads. Its
-    doc_string names the nodes it replaced, so a model viewer shows more than a hash."""
+    """The node that runs `kernel` in place of `group`, and the lifted constants it reads: the
+    kernel's own (named after it, so the nodes sharing the kernel share them too) and this
+    group's (a transposed weight). Its doc_string names the nodes it replaced, so a model viewer
+    shows more than a hash."""
     inputs, weights = [], []
     for source in kernel.arg_sources:
         if source in kernel.extra_weights:
-            name = f"{group.name}__{source}"
+            name = source if source.startswith(f"{kernel.spec.name}__") else f"{group.name}__{source}"
             weights.append(numpy_helper.from_array(kernel.extra_weights[source], name))
             inputs.append(name)
         else:

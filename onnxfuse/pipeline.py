@@ -34,6 +34,7 @@ from .fusion.partition import FusionOptions
 from .fusion.plan import FusedGroup, FusionPlan, plan_fusion
 from .gates import is_compute_op
 from .ir import Graph
+from .kernel_identity import CanonicalGroup, canonical_group
 from .kernel_spec import GroupKernel, KernelSpec
 from .model_file import stage_model
 from .output_paths import OutputError, OutputPaths, check_outputs, describe
@@ -307,29 +308,31 @@ def _compile_groups(graph: Graph, plan: FusionPlan, tgt: Target, options: Optimi
     cache = options.kernel_cache()
     dup = plan.options.max_duplication
     outcomes: dict[str, GroupOutcome] = {}
-    pending: dict[str, tuple[bytes, str, int]] = {}  # key → (group model, kernel name, max duplication)
-    waiting: dict[str, list[FusedGroup]] = {}
+    pending: dict[str, tuple[bytes, str, int, dict]] = {}  # key → (canonical model, kernel name, max duplication, weights)
+    waiting: dict[str, list[tuple[FusedGroup, CanonicalGroup]]] = {}  # groups with one kernel identity
     for group in plan.groups:
         rejected = (auto_rejects(group) if options.select == "auto" else None) or _too_heavy(graph, group)
         if rejected:
             outcomes[group.name] = GroupOutcome(group, "fallback", reason=rejected, declined=True)
             continue
         try:
-            group_model = extract_group(graph, group)
+            canonical = canonical_group(extract_group(graph, group))
         except CompileError as exc:
             outcomes[group.name] = GroupOutcome(group, "fallback", reason=str(exc))
             continue
-        key = group_key(group_model, f"{tgt.key}|dup{dup}")
+        key = group_key(canonical.model, f"{tgt.key}|dup{dup}")
         hit = cache.load(key)
         if hit is not None:
-            outcomes[group.name] = GroupOutcome(group, "cached", hit[0], info=hit[1])
+            outcomes[group.name] = GroupOutcome(group, "cached", canonical.bind(hit[0], graph.values), info=hit[1])
             continue
-        pending.setdefault(key, (group_model.SerializeToString(deterministic=True), kernel_name(key), dup))
-        waiting.setdefault(key, []).append(group)
+        pending.setdefault(key, (canonical.model.SerializeToString(deterministic=True), kernel_name(key), dup,
+                                 canonical.weights))
+        waiting.setdefault(key, []).append((group, canonical.slim(graph.values)))
 
     jobs = max(1, min(options.jobs or os.cpu_count() or 1, len(pending)))
-    running = _InFlight([waiting[key][0] for key in pending], pending, jobs)
-    progress.start(len(pending), sum(o.status == "cached" for o in outcomes.values()))
+    running = _InFlight([waiting[key][0][0] for key in pending], pending, jobs)
+    progress.start(len(pending), sum(o.status == "cached" for o in outcomes.values()),
+                   groups=sum(len(w) for w in waiting.values()))
     progress.compiling(running.groups())
     try:
         for key, result in _run_compiles(pending, tgt, build_dir, jobs, options.verify, options.compile_timeout):
@@ -341,10 +344,11 @@ def _compile_groups(graph: Graph, plan: FusionPlan, tgt: Target, options: Optimi
                     kernel = cache.store(key, kernel, info)
                 except OSError as exc:  # an unwritable cache must not cost the user the kernel
                     info = {**info, "cache_error": str(exc)}
-            for group in waiting[key]:
+            for group, canonical in waiting[key]:
                 status = "compiled" if kernel is not None else "fallback"
-                outcomes[group.name] = GroupOutcome(group, status, kernel, reason, seconds, info)
-            progress.step(waiting[key][0], kernel is not None, seconds, reason)
+                bound = canonical.bind(kernel, graph.values) if kernel is not None else None
+                outcomes[group.name] = GroupOutcome(group, status, bound, reason, seconds, info)
+            progress.step(waiting[key][0][0], kernel is not None, seconds, reason, groups=len(waiting[key]))
             progress.compiling(running.groups())
     finally:
         progress.finish()
@@ -418,8 +422,8 @@ def _run_compiles(pending: dict, tgt: Target, build_dir: Path, jobs: int, verify
     if not pending:
         return  # no worker process to start (each imports TVM: seconds)
     target_args = (tgt.name, tgt.mcpu, ",".join(tgt.mattr) or None)
-    tasks = {key: (model_bytes, name, target_args, str(build_dir), verify, dup)
-             for key, (model_bytes, name, dup) in pending.items()}
+    tasks = {key: (model_bytes, name, target_args, str(build_dir), verify, dup, weights)
+             for key, (model_bytes, name, dup, weights) in pending.items()}
     if jobs == 1 and timeout is None:
         for key, args in tasks.items():
             yield key, compile_one(*args)

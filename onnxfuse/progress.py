@@ -3,7 +3,10 @@
 On a terminal: one line, redrawn every half second from the start, naming the group being
 compiled and how long it and the whole run have taken (a first compile can take a minute; a
 blank line for that long looks like a hang). A group that falls back leaves a line of its own.
-Otherwise (CI logs): one parseable line per finished group, with its real time.
+Otherwise (CI logs): one parseable line per finished kernel, with its real time.
+
+Groups with one kernel identity (kernel_identity.py) compile once, so the counts are of distinct
+kernels: `12 groups → 1 kernel to compile`.
 """
 
 from __future__ import annotations
@@ -31,11 +34,14 @@ class Progress:
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
 
-    def start(self, to_compile: int, cached: int) -> None:
+    def start(self, to_compile: int, cached: int, groups: int | None = None) -> None:
+        """`to_compile` distinct kernels for `groups` groups (default: one each), `cached` groups hit."""
         self.total, self.done = to_compile, 0
         self._started = time.monotonic()
+        groups = to_compile if groups is None else groups
         if self.enabled and (to_compile or cached):
-            self._line(f"onnxfuse: {to_compile} kernels to compile, {cached} groups from cache", final=True)
+            self._line(f"onnxfuse: {_count(groups, 'group')} → {_count(to_compile, 'kernel')} to compile, "
+                       f"{_count(cached, 'group')} from cache", final=True)
         if self.tty and to_compile:
             self._stop.clear()
             self._ticker = threading.Thread(target=self._tick, name="onnxfuse-progress", daemon=True)
@@ -47,11 +53,14 @@ class Progress:
         if self.tty:
             self._redraw()
 
-    def step(self, group: FusedGroup, ok: bool, seconds: float, reason: str | None) -> None:
+    def step(self, group: FusedGroup, ok: bool, seconds: float, reason: str | None, groups: int = 1) -> None:
+        """One kernel finished: compiled from `group`, for `groups` groups in all."""
         self.done += 1
         if not self.enabled:
             return
         what = "compiled" if ok else f"fallback ({reason})"
+        if groups > 1:
+            what += f" for {groups} groups"
         if self.tty:
             if not ok:
                 self._line(f"onnxfuse: {group.name} ({len(group.node_indices)} ops) {what[:100]} after {seconds:.1f}s",
@@ -99,3 +108,7 @@ class Progress:
             else:
                 self.stream.write(text + "\n")
             self.stream.flush()
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")

@@ -44,7 +44,7 @@ def test_log_gets_one_line_per_group_with_its_time(tmp_path, monkeypatch):
     log = io.StringIO()
     onnxfuse.optimize(MODELS / "diamond.onnx", tmp_path / "d.onnx", cache_dir=False, jobs=1, progress=Progress(stream=log))
     lines = log.getvalue().splitlines()
-    assert lines[0] == "onnxfuse: 1 kernels to compile, 0 groups from cache"
+    assert lines[0] == "onnxfuse: 1 group → 1 kernel to compile, 0 groups from cache"
     assert lines[1].startswith("onnxfuse: [1/1] group_0 5 ops compiled ")
     assert float(lines[1].rsplit(" ", 1)[1].rstrip("s")) >= 0.3
     assert "\r" not in log.getvalue()
