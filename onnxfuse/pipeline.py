@@ -323,11 +323,11 @@ def _compile_groups(graph: Graph, plan: FusionPlan, tgt: Target, options: Optimi
         key = group_key(canonical.model, f"{tgt.key}|dup{dup}")
         hit = cache.load(key)
         if hit is not None:
-            outcomes[group.name] = GroupOutcome(group, "cached", canonical.bind(hit[0], graph.values), info=hit[1])
+            outcomes[group.name] = GroupOutcome(group, "cached", canonical.bind(hit[0], graph.scope(group.scope).values), info=hit[1])
             continue
         pending.setdefault(key, (canonical.model.SerializeToString(deterministic=True), kernel_name(key), dup,
                                  canonical.weights))
-        waiting.setdefault(key, []).append((group, canonical.slim(graph.values)))
+        waiting.setdefault(key, []).append((group, canonical.slim(graph.scope(group.scope).values)))
 
     jobs = max(1, min(options.jobs or os.cpu_count() or 1, len(pending)))
     running = _InFlight([waiting[key][0][0] for key in pending], pending, jobs)
@@ -346,7 +346,7 @@ def _compile_groups(graph: Graph, plan: FusionPlan, tgt: Target, options: Optimi
                     info = {**info, "cache_error": str(exc)}
             for group, canonical in waiting[key]:
                 status = "compiled" if kernel is not None else "fallback"
-                bound = canonical.bind(kernel, graph.values) if kernel is not None else None
+                bound = canonical.bind(kernel, graph.scope(group.scope).values) if kernel is not None else None
                 outcomes[group.name] = GroupOutcome(group, status, bound, reason, seconds, info)
             progress.step(waiting[key][0][0], kernel is not None, seconds, reason, groups=len(waiting[key]))
             progress.compiling(running.groups())
