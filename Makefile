@@ -48,10 +48,18 @@ clean:
 	rm -rf out build *.egg-info .pytest_cache
 
 # Benchmarks (benchmarks/run.py): tables on stdout, JSON + markdown in benchmarks/results/.
-.PHONY: bench-trees bench-cells bench-repeat
-bench: install
+# bench-corpus times the exported corpus (benchmarks/corpus.py --time, docs/corpus.md);
+# corpus-check only optimizes and verifies it (exit 1 on a mismatch).
+.PHONY: bench-trees bench-cells bench-repeat bench-corpus corpus-check
+bench: install bench-corpus
 	$(BIN)/python benchmarks/run.py models
 	$(BIN)/python benchmarks/run.py repeat
+
+bench-corpus: install
+	$(BIN)/python benchmarks/corpus.py --time
+
+corpus-check: install
+	$(BIN)/python benchmarks/corpus.py
 
 bench-trees: install
 	$(BIN)/python benchmarks/run.py trees

@@ -7,7 +7,7 @@ import sys
 
 import click
 from onnxfuse_cli.bench import bench
-from onnxfuse_cli.common import EXIT_FAILED, clean_errors, parse_sizes
+from onnxfuse_cli.common import EXIT_FAILED, clean_errors, parse_dims, parse_sizes
 
 from onnxfuse.report import format_plan
 
@@ -148,21 +148,18 @@ def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, max_dupl
               help="Tolerance relative to each output's largest magnitude (rounding in sums that cancel).")
 @click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True,
               help="Random input sets (symbolic dims take 1, 3, 7, ...).")
-@click.option("--inputs", type=click.Path(dir_okay=False), help="An .npz of inputs to use instead of random ones.")
-@click.option("--dim", "dims", multiple=True, metavar="NAME=N", help="Value of a symbolic dimension, e.g. --dim N=8.")
+@click.option("--inputs", type=click.Path(dir_okay=False),
+              help="An .npz of inputs keyed by input name, used once instead of random ones.")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=N",
+              help="Value of a named symbolic dimension, e.g. --dim N=8 (with --inputs: the file's entries repeated "
+                   "or cut to that size). Repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as one JSON object.")
 @clean_errors
 def verify(original, fused, rtol, atol, norm_rtol, runs, inputs, dims, as_json) -> None:
     """Run ORIGINAL and FUSED under onnxruntime on the same inputs; exit 0 only if all outputs match."""
     from onnxfuse.verify import verify_models
 
-    dim_values = {}
-    for item in dims:
-        name, _, value = item.partition("=")
-        if not value.isdigit():
-            raise click.BadParameter(f"{item!r} is not NAME=N", param_hint="--dim")
-        dim_values[name] = int(value)
-    result = verify_models(original, fused, rtol=rtol, atol=atol, runs=runs, inputs=inputs, dims=dim_values,
+    result = verify_models(original, fused, rtol=rtol, atol=atol, runs=runs, inputs=inputs, dims=parse_dims(dims),
                            norm_rtol=norm_rtol)
     if as_json:
         click.echo(json.dumps({"original": original, "fused": fused, **result.to_json(),

@@ -10,7 +10,15 @@ import onnxruntime as ort
 
 from .errors import ModelLoadError, OnnxfuseError, first_line
 from .frontend.validate import validate_model_file
-from .measure.inputs import random_feeds_for_session
+from .measure.inputs import (
+    check_dim_names,
+    index_limits,
+    load_inputs,
+    load_model_skeleton,
+    model_inputs,
+    random_feeds_for_session,
+    resize_inputs,
+)
 from .session import InferenceSession, quiet_session_options
 
 
@@ -85,8 +93,9 @@ def verify_models(
 ) -> VerifyResult:
     """Run `original` and `fused` under onnxruntime on the same inputs and compare output by output.
 
-    inputs: an .npz of feeds (one run); otherwise `runs` random input sets, symbolic dims taking
-    1, 3, 7, ... unless `dims` names them. An output matches when
+    inputs: an .npz of feeds (one run), resized along the dimensions `dims` names; otherwise `runs`
+    random input sets, symbolic dims taking 1, 3, 7, ... unless `dims` names them, integers used as
+    Gather indices spanning the gathered axis (measure/inputs.py). An output matches when
     |fused - original| <= atol + rtol·|original| + norm_rtol·max|original| everywhere.
     The two sessions are open one after the other, so a large model is in memory once.
 
@@ -95,11 +104,15 @@ def verify_models(
     """
     validate_model_file(original, allow_onnxfuse_output=True)
     validate_model_file(fused, allow_onnxfuse_output=True)
+    specs = model_inputs(original)
+    check_dim_names(specs, dims or {})
     reference = _open(ort.InferenceSession, original)
-    feed_sets = [dict(np.load(inputs))] if inputs else [
-        random_feeds_for_session(reference, dims, default_dim=d, seed=k)
-        for k, d in zip(range(runs), [1, 3, 7, 2, 5, 4, 6, 8])
-    ]
+    if inputs:
+        feed_sets = [resize_inputs(load_inputs(inputs, specs), specs, dims=dims)]
+    else:
+        limits = index_limits(load_model_skeleton(original))
+        feed_sets = [random_feeds_for_session(reference, dims, default_dim=d, seed=k, index_limits=limits)
+                     for k, d in zip(range(runs), [1, 3, 7, 2, 5, 4, 6, 8])]
     names = [meta.name for meta in reference.get_outputs()]
     expected_sets = []
     for feeds in feed_sets:
