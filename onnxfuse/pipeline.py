@@ -323,7 +323,8 @@ def _compile_groups(graph: Graph, plan: FusionPlan, tgt: Target, options: Optimi
         key = group_key(canonical.model, f"{tgt.key}|dup{dup}")
         hit = cache.load(key)
         if hit is not None:
-            outcomes[group.name] = GroupOutcome(group, "cached", canonical.bind(hit[0], graph.scope(group.scope).values), info=hit[1])
+            bound = canonical.bind(hit[0], graph.scope(group.scope).values)
+            outcomes[group.name] = GroupOutcome(group, "cached", bound, info=hit[1])
             continue
         pending.setdefault(key, (canonical.model.SerializeToString(deterministic=True), kernel_name(key), dup,
                                  canonical.weights))
