@@ -95,5 +95,9 @@ def test_onnxruntime_matmul_transpose_fusion_raises_on_an_empty_batch():
     plain = ort.SessionOptions()
     plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     assert ort.InferenceSession(model, plain, providers=["CPUExecutionProvider"]).run(None, feeds)[0].shape == (0, 5, 3)
-    with pytest.raises(Exception, match="MatmulTransposeFusion"):
-        ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    try:
+        optimized = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    except Exception as exc:  # onnxruntime 1.31: the fused node raises, and the fallback is needed
+        assert "MatmulTransposeFusion" in str(exc)
+    else:  # a release that fixed it: the optimized graph then agrees with the unoptimized reference
+        assert optimized.shape == (0, 5, 3), f"onnxruntime {ort.__version__}"
