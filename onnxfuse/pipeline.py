@@ -22,6 +22,7 @@ from pathlib import Path
 
 import onnx
 
+from . import __version__
 from .atomic import write_text_atomic
 from .cache import KernelCache, default_cache_dir, group_key, kernel_name
 from .codegen.worker import compile_one
@@ -169,8 +170,6 @@ class OptimizeResult:
 def tool_versions() -> dict[str, str]:
     import onnxruntime
     import tvm
-
-    from . import __version__
 
     return {"onnxfuse": __version__, "tvm": tvm.__version__, "onnxruntime": onnxruntime.__version__,
             "onnx": onnx.__version__}
