@@ -16,6 +16,7 @@ from onnx import external_data_helper, helper
 from ..errors import ModelLoadError, first_line
 from ..ir import Dim, Graph, Node, Value
 from .canonicalize import canonicalize
+from .validate import read_model_header
 
 
 def load_model(source: str | os.PathLike | onnx.ModelProto, canonical: bool = True) -> Graph:
@@ -29,7 +30,7 @@ def load_model(source: str | os.PathLike | onnx.ModelProto, canonical: bool = Tr
         model = canonicalize(model) if canonical else model
         return build_graph(model, _infer_shapes(model))
     path = Path(source)
-    model = _read_without_external_data(path)
+    model = read_model_header(path)
     _check_is_model(model, path)
     model = canonicalize(model) if canonical else model
     # Infer before the external data comes in: a >2 GB proto cannot be serialized for inference.
@@ -40,15 +41,6 @@ def load_model(source: str | os.PathLike | onnx.ModelProto, canonical: bool = Tr
         except Exception as exc:
             raise ModelLoadError(f"{path}: cannot read its external data ({first_line(exc)})") from None
     return build_graph(model, inferred)
-
-
-def _read_without_external_data(path: Path) -> onnx.ModelProto:
-    if not path.is_file():
-        raise ModelLoadError(f"{path}: no such file")
-    try:
-        return onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # protobuf's DecodeError and friends
-        raise ModelLoadError(f"{path}: not a readable ONNX model ({first_line(exc)})") from None
 
 
 def _has_external_data(model: onnx.ModelProto) -> bool:
