@@ -33,8 +33,9 @@ class OpInfo:
     static_inputs: tuple[int, ...] = ()
     """Input positions that must be compile-time constants (shapes, axes, pads): not dataflow."""
     epilogue_safe: bool = False
-    """An injective op that only selects or reinterprets elements (Split, Slice, Reshape), so an
-    anchor's elementwise epilogue may run through it: the basis of split fan-out fusion."""
+    """An injective op that only selects, reinterprets or places elements (Split, Slice, Reshape,
+    Concat), so an anchor's elementwise epilogue may run through it: the basis of split fan-out
+    fusion, and of a cell that stacks its new state (Unsqueeze → Concat) in its own kernel."""
     competitive: bool = True
     """False where onnxruntime's own kernel is still much faster than ours (measured: convolutions
     and pooling, 10-50x). `--select auto` leaves groups with such ops to onnxruntime."""
@@ -55,8 +56,9 @@ def _table() -> dict[str, OpInfo]:
         "And Or Xor BitShift PRelu BatchNormalization CastLike"
     ).split():
         t[op] = OpInfo(B)
-    for op in "Transpose Concat Gather GatherElements DepthToSpace SpaceToDepth".split():
+    for op in "Transpose Gather GatherElements DepthToSpace SpaceToDepth".split():
         t[op] = OpInfo(I)
+    t["Concat"] = OpInfo(I, epilogue_safe=True)
     t["Reshape"] = OpInfo(I, static_inputs=(1,), epilogue_safe=True)
     t["Flatten"] = OpInfo(I, epilogue_safe=True)
     t["Squeeze"] = OpInfo(I, static_inputs=(1,), epilogue_safe=True)
