@@ -23,7 +23,8 @@ from onnxfuse.fusion.plan import plan_fusion
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 INPUT, HIDDEN = 8, 20
-SIZES = [(1, 1), (5, 3), (9, 6)]  # (sequence length, batch): a ragged batch tile and a full one
+# (sequence length, batch): ragged rows only, one full batch tile + ragged rows, full tiles only
+SIZES = [(1, 1), (5, 3), (9, 6), (2, 8)]
 
 
 def recurrent_model(op: str, *, direction="forward", layout=0, states=False, seq_lens=False, peepholes=False,
@@ -112,6 +113,8 @@ CASES = {
     "gru_bidirectional_linear_before_reset_states_lens": dict(op="GRU", direction="bidirectional", states=True,
                                                               seq_lens=True, linear_before_reset=1),
     "gru_reverse_layout1_reset_after_clip": dict(op="GRU", direction="reverse", layout=1, seq_lens=True, clip=2.0),
+    "lstm_bidirectional_layout1_states_only_y_h_y_c": dict(op="LSTM", direction="bidirectional", layout=1,
+                                                          states=True, outputs=["Y_h", "Y_c"]),
     "rnn_bidirectional_relu_only_y_h": dict(op="RNN", direction="bidirectional", states=True,
                                             activations=["Relu", "Tanh"], outputs=["Y_h"]),
 }
@@ -150,11 +153,6 @@ def test_weights_computed_at_run_time_fall_back_with_a_reason():
     del model.graph.initializer[[i.name for i in model.graph.initializer].index("W")]
     with pytest.raises(CompileError, match="must be constants"):
         read_recurrent_op(model)
-
-
-def test_layout_1_with_initial_states_falls_back_with_a_reason():
-    with pytest.raises(CompileError, match="layout 1 with initial_h"):
-        read_recurrent_op(recurrent_model("GRU", layout=1, states=True))
 
 
 def test_an_activation_the_kernel_lacks_falls_back_with_a_reason():

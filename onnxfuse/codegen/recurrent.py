@@ -37,7 +37,7 @@ from tvm.script.ir_builder import tirx as T
 from ..errors import CompileError
 from ..kernel_spec import KernelSpec, TensorSpec
 from ..target import Target
-from . import register_file
+from . import param_alignment, register_file
 from .compile import CompiledGroup, _stage, build_module, build_object
 from .recurrent_op import PackedWeights, RecurrentOp, pack_weights, read_recurrent_op
 
@@ -404,7 +404,9 @@ def compile_recurrent(model: onnx.ModelProto, name: str, target: Target, out_dir
     registers = register_file.for_target(target.tvm_target())
     lanes = registers.lanes(32)
     kernel = _stage("schedule", stats, lambda: build_recurrent_kernel(op, name, lanes))
-    func = kernel.func.with_attr("global_symbol", name)
+    # onnxruntime's tensors are only element aligned: TVM's default 64-byte declaration would let
+    # LLVM emit aligned vector loads that fault on them.
+    func = param_alignment.element_aligned(kernel.func.with_attr("global_symbol", name))
     obj = _stage("build", stats, lambda: build_object({name: func}, name, target, pathlib.Path(out_dir)))
     stats.update(kernel.stats)
     try:

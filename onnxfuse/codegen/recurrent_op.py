@@ -204,9 +204,6 @@ def read_recurrent_op(model: onnx.ModelProto) -> RecurrentOp:
     if x_dims[2] != input_size:
         raise CompileError(f"recurrent: X's last dim {x_dims[2]} is not W's input size {input_size}")
 
-    if layout == 1 and ({"initial_h", "initial_c"} & given.keys()):
-        # An LSTM so built crashed at batch 6 in testing (a full batch tile); not yet understood.
-        raise CompileError("recurrent: layout 1 with initial_h / initial_c is not supported yet")
     present = [(OUTPUT_NAMES[i], name) for i, name in enumerate(node.output) if name]
     returned = {o.name for o in model.graph.output}
     outputs = [(key, name) for key, name in present if name in returned]
