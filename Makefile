@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   ?= models/lstm_cell.onnx
 
-.PHONY: install aarch64-deps test test-fast lint demo bench models clean
+.PHONY: install aarch64-deps test test-fast lint demo bench models clean fuzz
 
 install: $(STAMP) aarch64-deps
 
@@ -39,19 +39,36 @@ demo: install
 	$(BIN)/onnxfuse optimize $(DEMO) -o out/demo.fused.onnx --report out/demo.report.json
 	$(BIN)/onnxfuse verify $(DEMO) out/demo.fused.onnx
 
+# Differential fuzzing against onnxruntime (tests/fuzz/): FUZZ_SECONDS (default 1500), FUZZ_SEED,
+# FUZZ_BATCH, FUZZ_JOBS, FUZZ_OUT (default out/fuzz). Fails on any finding that is not a known bug.
+fuzz: install
+	cd tests && FUZZ_OUT=$${FUZZ_OUT:-$(CURDIR)/out/fuzz} PYTHONPATH=. ../$(BIN)/python -m fuzz
+
 clean:
 	rm -rf out build *.egg-info .pytest_cache
 
 # Benchmarks (benchmarks/run.py): tables on stdout, JSON + markdown in benchmarks/results/.
-.PHONY: bench-trees bench-cells
-bench: install
+# bench-corpus times the exported corpus (benchmarks/corpus.py --time, docs/corpus.md);
+# corpus-check only optimizes and verifies it (exit 1 on a mismatch).
+.PHONY: bench-trees bench-cells bench-repeat bench-corpus corpus-check
+bench: install bench-corpus
 	$(BIN)/python benchmarks/run.py models
+	$(BIN)/python benchmarks/run.py repeat
+
+bench-corpus: install
+	$(BIN)/python benchmarks/corpus.py --time
+
+corpus-check: install
+	$(BIN)/python benchmarks/corpus.py
 
 bench-trees: install
 	$(BIN)/python benchmarks/run.py trees
 
 bench-cells: install
 	$(BIN)/python benchmarks/run.py cells
+
+bench-repeat: install
+	$(BIN)/python benchmarks/run.py repeat
 
 # The corpus of real exporter outputs (models/exported/README.md). Not run by CI, which tests the
 # committed files. The exporters live in two virtualenvs outside the repository (their pins

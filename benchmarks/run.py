@@ -3,6 +3,7 @@
     python benchmarks/run.py models   # models/ + the onnx wheel's light models + the 100-tree forest
     python benchmarks/run.py trees    # the 100-tree forest three ways; compile time against depth
     python benchmarks/run.py cells    # how far a fused recurrent cell can go: its MatMuls alone timed too
+    python benchmarks/run.py repeat   # cold compile time against the number of repeated layers
 
 Results go to benchmarks/results/ (JSON + a markdown table). Kernels are cached in
 .cache/bench-kernels, so a rerun compiles only what changed; generated models and fused outputs
@@ -342,11 +343,63 @@ def cells_table(rows: list[dict], markdown: bool = False) -> str:
     return render_table(header, out, markdown)
 
 
+REPEAT_LAYERS = (1, 4, 12)
+REPEAT_CORPUS = ROOT / "models" / "exported" / "bert_tiny_12l_dynamo.onnx"
+
+
+def run_repeat() -> dict:
+    """Cold optimize (a fresh kernel cache each time) of a MatMul-bias-GELU-MatMul-bias-residual-
+    LayerNorm block repeated 1, 4 and 12 times with weights of its own, then of the 12-layer
+    tiny BERT of the corpus: groups, distinct kernels, seconds, library size."""
+    import tempfile
+
+    from onnxfuse import optimize
+
+    started = time.perf_counter()
+    mm = make_models_module()
+    models = []
+    for layers in REPEAT_LAYERS:
+        path = WORK / "repeat" / f"repeated_block_{layers}.onnx"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save_model(mm.repeated_block_model(layers), str(path))
+        models.append((f"block ×{layers}", path))
+    models.append((REPEAT_CORPUS.stem, REPEAT_CORPUS))
+    rows = []
+    for name, path in models:
+        log(f"repeat: {name}")
+        with tempfile.TemporaryDirectory(prefix="onnxfuse-bench-cache-") as cache:
+            begun = time.perf_counter()
+            result = optimize(path, WORK / "repeat" / f"{path.stem}.fused.onnx", cache_dir=cache)
+            seconds = time.perf_counter() - begun
+        report = result.report
+        rows.append({"model": name, "groups": report["groups_total"], "groups_compiled": report["groups_compiled"],
+                     "kernels": len({g["kernel"] for g in report["groups"] if "kernel" in g}),
+                     "optimize_seconds": round(seconds, 2), "compile_seconds": report["timings"]["compile"],
+                     "library_kb": round(result.library_path.stat().st_size / 1024) if result.library_path else 0})
+    seconds = time.perf_counter() - started
+    report = {"machine": machine_info(), "rows": rows, "seconds": round(seconds, 1)}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(RESULTS / "repeat.json", json.dumps(report, indent=1))
+    machine = report["machine"]
+    head = (f"{machine['cpu']}, {machine['cores']} cores; TVM {machine.get('tvm', '?')}. Cold `optimize` "
+            f"(fresh kernel cache, default --jobs) per model; took {seconds:.0f} s.")
+    write_text_atomic(RESULTS / "repeat.md", f"{head}\n\n{repeat_table(rows, markdown=True)}\n")
+    print(head, repeat_table(rows), sep="\n\n")
+    return report
+
+
+def repeat_table(rows: list[dict], markdown: bool = False) -> str:
+    header = ["model", "groups", "distinct kernels", "optimize s (cold)", "of which compile s", "library KB"]
+    out = [[r["model"], f"{r['groups']} ({r['groups_compiled']} compiled)", str(r["kernels"]),
+             f"{r['optimize_seconds']:.1f}", f"{r['compile_seconds']:.1f}", str(r["library_kb"])] for r in rows]
+    return render_table(header, out, markdown)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("which", choices=["models", "trees", "cells"])
+    parser.add_argument("which", choices=["models", "trees", "cells", "repeat"])
     args = parser.parse_args(argv)
-    {"models": run_models, "trees": run_trees, "cells": run_cells}[args.which]()
+    {"models": run_models, "trees": run_trees, "cells": run_cells, "repeat": run_repeat}[args.which]()
 
 
 if __name__ == "__main__":

@@ -43,3 +43,14 @@ def parse_sizes(text: str, option: str) -> tuple[int, ...]:
     if not values or min(values) < 1:
         raise click.BadParameter(f"{text!r} is not a list of positive numbers like 1,64", param_hint=option)
     return values
+
+
+def parse_dims(items) -> dict[str, int]:
+    """('seq=128', 'batch=4') → {'seq': 128, 'batch': 4}: the --dim options of bench and verify."""
+    dims = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if not name or not value.isdigit() or int(value) < 1:
+            raise click.BadParameter(f"{item!r} is not NAME=N with N a positive number", param_hint="--dim")
+        dims[name] = int(value)
+    return dims

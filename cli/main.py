@@ -7,9 +7,8 @@ import sys
 
 import click
 from onnxfuse_cli.bench import bench
-from onnxfuse_cli.common import EXIT_FAILED, clean_errors, parse_sizes
+from onnxfuse_cli.common import EXIT_FAILED, clean_errors, parse_dims, parse_sizes
 
-from onnxfuse.atomic import write_text_atomic
 from onnxfuse.report import format_plan
 
 fusion_options = [
@@ -66,9 +65,9 @@ def inspect(model: str, max_depth: int, max_inputs: int, max_duplication: int, a
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Where to write the fused model (default: MODEL's stem + .fused.onnx). The library goes beside it.")
-@click.option("--target", type=click.Choice(["portable", "native", "x86_64", "aarch64"]), default="portable",
-              show_default=True,
-              help="CPUs to compile for. portable: any CPU of this machine's architecture (x86-64 or aarch64); each "
+@click.option("--target", type=click.Choice(["portable", "native", "x86_64", "aarch64"]),
+              help="CPUs to compile for (default: $ONNXFUSE_TARGET, else portable). "
+                   "portable: any CPU of this machine's architecture (x86-64 or aarch64); each "
                    "kernel is built per ISA level (x86-64: baseline, v3/AVX2, v4/AVX-512) and the library runs the "
                    "best one the serving CPU has. native: this machine's CPU only (the library refuses CPUs "
                    "without its features). x86_64 / aarch64: portable for that architecture (aarch64 is "
@@ -79,8 +78,9 @@ def inspect(model: str, max_depth: int, max_inputs: int, max_duplication: int, a
 @click.option("-j", "--jobs", type=click.IntRange(min=1), help="Groups compiled in parallel (default: CPU count).")
 @click.option("--compile-timeout", type=click.FloatRange(min=1), default=600, show_default=True, metavar="SECONDS",
               help="A group still compiling after this long falls back to onnxruntime.")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False),
-              help="Write what was fused, compiled and why not as JSON.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, allow_dash=True),
+              help="Write what was fused, compiled and why not as JSON (docs/report.md); - writes it to stdout "
+                   "and the summary to stderr.")
 @click.option("--cache-dir", type=click.Path(file_okay=False),
               help="Kernel cache (default: $ONNXFUSE_CACHE_DIR or ~/.cache/onnxfuse).")
 @click.option("--no-cache", is_flag=True, help="Compile every kernel afresh.")
@@ -98,38 +98,53 @@ def inspect(model: str, max_depth: int, max_inputs: int, max_duplication: int, a
               help="With --select measured: the batch sizes (symbolic dims) to time at; a kernel must win at all.")
 @click.option("--threads", default="1", show_default=True, metavar="N,N",
               help="With --select measured: onnxruntime intra-op thread counts to time at; a kernel must win at all.")
+@click.option("--fail-on-fallback", is_flag=True,
+              help="Exit 1 if a group failed to compile or verify, or timed out (after writing the output and report). "
+                   "Groups left to onnxruntime by --select do not count.")
+@click.option("--min-fused", type=click.FloatRange(0, 1), metavar="FRACTION",
+              help="Exit 1 (after writing the output and report) if less than this share of the compute nodes "
+                   "(all but Constant and shape plumbing: Shape, Reshape, Squeeze, ...) runs in compiled kernels.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the summary.")
 @clean_errors
 def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, max_duplication, jobs, compile_timeout,
-             report_path, cache_dir,
-             no_cache, no_verify, inputs, select, select_batches, threads, quiet) -> None:
-    """Fuse MODEL, compile each group into one kernel, and write the fused model + its library."""
+             report_path, cache_dir, no_cache, no_verify, inputs, select, select_batches, threads, fail_on_fallback,
+             min_fused, quiet) -> None:
+    """Fuse MODEL, compile each group into one kernel, and write the fused model + its library.
+
+    Exit codes: 0 written; 1 written, but a --fail-on-fallback or --min-fused gate failed;
+    2 nothing written: bad input, bad option, or an output that cannot or must not be written.
+    """
+    from onnxfuse.gates import gate_failures
     from onnxfuse.pipeline import optimize as run_optimize
     from onnxfuse.progress import Progress
 
+    to_stdout = report_path == "-"
     result = run_optimize(
-        model, output, target=target, mcpu=mcpu, mattr=mattr, max_depth=max_depth, max_inputs=max_inputs,
-        max_duplication=max_duplication,
+        model, output, report=None if to_stdout else report_path, target=target, mcpu=mcpu, mattr=mattr,
+        max_depth=max_depth, max_inputs=max_inputs, max_duplication=max_duplication,
         jobs=jobs, cache_dir=False if no_cache else (cache_dir or True), verify=not no_verify,
         select=select, select_batches=parse_sizes(select_batches, "--select-batch"),
         threads=parse_sizes(threads, "--threads"), compile_timeout=compile_timeout, inputs=inputs,
         progress=Progress(enabled=not quiet),
     )
     report = result.report
-    if report_path:
-        write_text_atomic(report_path, json.dumps({"model": model, **report}, indent=1))
-    click.echo(
-        f"{model} → {result.model_path}"
-        + (f" + {result.library_path.name}" if result.library_path else " (nothing compiled: no library)")
-    )
-    click.echo(
-        f"  {report['groups_total']} groups: {report['groups_compiled']} compiled, {report['groups_cached']} cached, "
+    if to_stdout:
+        click.echo(json.dumps(report, indent=1))
+    say = lambda text: click.echo(text, err=to_stdout)  # noqa: E731 - the summary yields stdout to the report
+    say(f"{model} → {result.model_path}"
+        + (f" + {result.library_path.name}" if result.library_path else " (nothing compiled: no library)"))
+    say(f"  {report['groups_total']} groups: {report['groups_compiled']} compiled, {report['groups_cached']} cached, "
         f"{report['groups_fallback']} fell back; {report['fused_node_count']} of {report['node_count']} nodes fused "
-        f"in {report['seconds']:.1f}s"
-    )
+        f"({report['fused_compute_node_count']} of {report['compute_node_count']} compute nodes) "
+        f"in {report['seconds']:.1f}s")
     for g in report["groups"]:
         if g["status"] == "fallback":
-            click.echo(f"  fallback {g['name']} ({g['size']} ops): {g['reason']}")
+            say(f"  fallback {g['name']} ({g['size']} ops): {g['reason']}")
+    failures = gate_failures(report, fail_on_fallback=fail_on_fallback, min_fused=min_fused)
+    for failure in failures:
+        click.echo(f"onnxfuse: gate failed: {failure}", err=True)
+    if failures:
+        sys.exit(EXIT_FAILED)
 
 
 @main.command()
@@ -141,21 +156,23 @@ def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, max_dupl
               help="Tolerance relative to each output's largest magnitude (rounding in sums that cancel).")
 @click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True,
               help="Random input sets (symbolic dims take 1, 3, 7, ...).")
-@click.option("--inputs", type=click.Path(dir_okay=False), help="An .npz of inputs to use instead of random ones.")
-@click.option("--dim", "dims", multiple=True, metavar="NAME=N", help="Value of a symbolic dimension, e.g. --dim N=8.")
+@click.option("--inputs", type=click.Path(dir_okay=False),
+              help="An .npz of inputs keyed by input name, used once instead of random ones.")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=N",
+              help="Value of a named symbolic dimension, e.g. --dim N=8 (with --inputs: the file's entries repeated "
+                   "or cut to that size). Repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as one JSON object.")
 @clean_errors
-def verify(original, fused, rtol, atol, norm_rtol, runs, inputs, dims) -> None:
+def verify(original, fused, rtol, atol, norm_rtol, runs, inputs, dims, as_json) -> None:
     """Run ORIGINAL and FUSED under onnxruntime on the same inputs; exit 0 only if all outputs match."""
     from onnxfuse.verify import verify_models
 
-    dim_values = {}
-    for item in dims:
-        name, _, value = item.partition("=")
-        if not value.isdigit():
-            raise click.BadParameter(f"{item!r} is not NAME=N", param_hint="--dim")
-        dim_values[name] = int(value)
-    result = verify_models(original, fused, rtol=rtol, atol=atol, runs=runs, inputs=inputs, dims=dim_values,
+    result = verify_models(original, fused, rtol=rtol, atol=atol, runs=runs, inputs=inputs, dims=parse_dims(dims),
                            norm_rtol=norm_rtol)
+    if as_json:
+        click.echo(json.dumps({"original": original, "fused": fused, **result.to_json(),
+                               "tolerance": {"rtol": rtol, "atol": atol, "norm_rtol": norm_rtol}}))
+        sys.exit(0 if result.ok else EXIT_FAILED)
     for o in result.outputs:
         click.echo(f"  {'ok  ' if o.ok else 'FAIL'} {o.name}: max abs error {o.max_abs_error:.3g}, "
                    f"max rel error {o.max_rel_error:.3g}")

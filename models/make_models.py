@@ -612,23 +612,23 @@ def conv_block_model(channels: int = 16, size: int = 16, seed: int = 3) -> onnx.
     return g.model(doc="Residual conv block")
 
 
-def _layer_norm(g: GraphBuilder, x: str, gamma: str, beta: str) -> str:
+def _layer_norm(g: GraphBuilder, x: str, gamma: str, beta: str, two: str = "two", eps: str = "eps") -> str:
     """LayerNorm over the last axis as the 9 plain ops exporters emit before opset 17's
     LayerNormalization became common: a reduction, elementwise, reduction, elementwise chain."""
     mean = g.op("ReduceMean", [x], "ln_mean", axes=[-1], keepdims=1)
     centered = g.op("Sub", [x, mean], "ln_centered")
-    squared = g.op("Pow", [centered, "two"], "ln_sq")
+    squared = g.op("Pow", [centered, two], "ln_sq")
     var = g.op("ReduceMean", [squared], "ln_var", axes=[-1], keepdims=1)
-    std = g.op("Sqrt", [g.op("Add", [var, "eps"], "ln_var_eps")], "ln_std")
+    std = g.op("Sqrt", [g.op("Add", [var, eps], "ln_var_eps")], "ln_std")
     normed = g.op("Div", [centered, std], "ln_normed")
     return g.op("Add", [g.op("Mul", [normed, gamma], "ln_scaled"), beta], "ln_out")
 
 
-def _gelu_erf(g: GraphBuilder, x: str) -> str:
+def _gelu_erf(g: GraphBuilder, x: str, sqrt2: str = "sqrt2", one: str = "one", half: str = "half") -> str:
     """Exact GELU as 5 ops: 0.5 * x * (1 + erf(x / sqrt(2)))."""
-    erf = g.op("Erf", [g.op("Div", [x, "sqrt2"], "gelu_div")], "gelu_erf")
-    one_plus = g.op("Add", [erf, "one"], "gelu_1p")
-    return g.op("Mul", [g.op("Mul", [x, one_plus], "gelu_x"), "half"], "gelu")
+    erf = g.op("Erf", [g.op("Div", [x, sqrt2], "gelu_div")], "gelu_erf")
+    one_plus = g.op("Add", [erf, one], "gelu_1p")
+    return g.op("Mul", [g.op("Mul", [x, one_plus], "gelu_x"), half], "gelu")
 
 
 def transformer_mlp_model(seq: int = 8, dim: int = 64, seed: int = 4) -> onnx.ModelProto:
@@ -651,6 +651,31 @@ def transformer_mlp_model(seq: int = 8, dim: int = 64, seed: int = 4) -> onnx.Mo
     g.op("Add", [out, x], outputs=["Y"])
     g.add_output("Y", TensorProto.FLOAT, [BATCH, seq, dim])
     return g.model(doc="Transformer MLP block with LayerNorm and erf-GELU in plain ops")
+
+
+def repeated_block_model(layers: int, seq: int = 8, dim: int = 64, seed: int = 5) -> onnx.ModelProto:
+    """`layers` post-norm transformer MLP blocks in a row, each with weights and constants of its
+    own (as exporters write them): LayerNorm(x + W2(gelu(W1 x + b1)) + b2), in plain ops.
+    Identical but for weights and names: onnxfuse should compile each distinct kernel once."""
+    rng = np.random.default_rng(seed)
+    g = GraphBuilder(f"repeated_block_{layers}")
+    x = g.add_input("X", TensorProto.FLOAT, [BATCH, seq, dim])
+    for layer in range(layers):
+        p = f"layer{layer}."
+        scalars = {name: g.const(p + name, np.array(value, dtype=np.float32))
+                   for name, value in (("two", 2.0), ("eps", 1e-5), ("sqrt2", np.sqrt(2.0)), ("one", 1.0), ("half", 0.5))}
+        w1 = g.const(p + "W1", _weights(rng, [dim, 4 * dim], dim))
+        b1 = g.const(p + "b1", (0.1 * rng.standard_normal(4 * dim)).astype(np.float32))
+        w2 = g.const(p + "W2", _weights(rng, [4 * dim, dim], 4 * dim))
+        b2 = g.const(p + "b2", (0.1 * rng.standard_normal(dim)).astype(np.float32))
+        gamma = g.const(p + "ln_gamma", (1.0 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
+        beta = g.const(p + "ln_beta", (0.1 * rng.standard_normal(dim)).astype(np.float32))
+        hidden = g.op("Add", [g.op("MatMul", [x, w1], "fc1"), b1], "fc1_b")
+        activated = _gelu_erf(g, hidden, scalars["sqrt2"], scalars["one"], scalars["half"])
+        out = g.op("Add", [g.op("MatMul", [activated, w2], "fc2"), b2], "fc2_b")
+        x = _layer_norm(g, g.op("Add", [out, x], "residual"), gamma, beta, scalars["two"], scalars["eps"])
+    g.add_output(x, TensorProto.FLOAT, [BATCH, seq, dim])
+    return g.model(doc=f"{layers} transformer MLP blocks with weights of their own")
 
 
 # ---------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """`onnxfuse bench`: how fast a model runs under onnxruntime, under onnxfuse, and under TVM's own
 pipeline (the contenders: measure/contenders.py), timed side by side (measure/timing.py).
 
-Every contender gets the same random, seeded inputs per batch size; onnxfuse's model is
-optimized first unless given; "n/a (reason)" marks a contender that cannot run.
+Every contender gets the same inputs per run: the user's (`--inputs`, resized where `--batch` or
+`--dim` say) or random, seeded ones (measure/inputs.py says how sizes and integer ranges are
+chosen); onnxfuse's model is optimized first unless given; "n/a (reason)" marks a contender that
+could not be timed, and any such contender makes `onnxfuse bench` exit 1.
 
 - Thread counts are fixed per process (TVM reads TVM_NUM_THREADS once, when its pool starts),
   so every thread count is measured in a fresh subprocess; a crash there (e.g. in TVM) becomes
@@ -22,9 +24,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ModelLoadError, OnnxfuseError, short_reason
+from .errors import ModelLoadError, OnnxfuseError, UsageError, short_reason
 from .measure.contenders import BASELINE, FUSED, TVM, build_tvm, ort_contender, tvm_contender
-from .measure.inputs import InputSpec, has_symbolic_batch, model_inputs, random_inputs
+from .measure.inputs import (
+    InputSpec,
+    check_dim_names,
+    dim_values,
+    has_free_dims,
+    index_limits,
+    load_model_skeleton,
+    make_feeds,
+    model_inputs,
+)
 from .measure.timing import BUDGET_SECONDS, ROUND_SECONDS, ROUNDS, Timing, race
 from .pipeline import optimize
 from .report import render_table
@@ -37,23 +48,24 @@ class OutputMismatch(OnnxfuseError):
 # -- one process per thread count ---------------------------------------------------------------
 
 def measure(job: dict) -> dict:
-    """Run in a worker process (TVM_NUM_THREADS set by the parent): every batch of one model at
+    """Run in a worker process (TVM_NUM_THREADS set by the parent): every run of one model at
     one thread count. Returns {"batches": [{"batch", "contenders": {name: timing json | {"na"}}}]}."""
     reference_path = job["model"]
     specs = model_inputs(reference_path)
+    limits = index_limits(load_model_skeleton(reference_path)) if not job.get("inputs") else {}
+    call_style = job.get("call_style", "iobinding")
     out = []
-    for batch in job["batches"]:
-        feeds = random_inputs(specs, batch, job.get("seed", 0))
-        call_style = job.get("call_style", "iobinding")
+    for key, batch in enumerate(job["batches"]):
+        feeds = make_feeds(specs, batch, job.get("dims"), job.get("inputs"), job.get("seed", 0), limits)
         baseline = ort_contender(BASELINE, reference_path, feeds, job["threads"], call_style)
         reference = baseline.outputs(baseline.call())
         contenders, not_run = [baseline], {}
         for name, path in job["ort_models"].items():
             try:
-                contenders.append(ort_contender(name, path, feeds, job["threads"], call_style))
+                contenders.append(ort_contender(name, path, feeds, job["threads"], call_style, list(reference)))
             except Exception as exc:
-                not_run[name] = f"onnxruntime cannot load it: {short_reason(exc)}"
-        tvm_library = job.get("tvm_libraries", {}).get(str(batch))
+                not_run[name] = f"failed: onnxruntime cannot run it: {short_reason(exc)}"
+        tvm_library = job.get("tvm_libraries", {}).get(str(key))
         if tvm_library:
             try:
                 contenders.append(tvm_contender(tvm_library, reference_path, feeds))
@@ -62,7 +74,7 @@ def measure(job: dict) -> dict:
         timings = race(contenders, reference, job["rounds"], job["round_seconds"], job["budget_seconds"])
         cells = {name: (t.to_json() if isinstance(t, Timing) else {"na": t}) for name, t in timings.items()}
         cells.update({name: {"na": why} for name, why in not_run.items()})
-        out.append({"batch": batch, "contenders": cells})
+        out.append({"batch": batch, "dims": dim_values(specs, feeds), "contenders": cells})
     return {"batches": out}
 
 
@@ -89,7 +101,7 @@ def _worker_main(argv: Sequence[str]) -> None:
         result = measure(job)
     elif task == "build_tvm":
         try:
-            result = {"seconds": build_tvm(job["model"], job["batch"], job["library"])}
+            result = {"seconds": build_tvm(job["model"], job["shapes"], job["library"])}
         except Exception as exc:
             result = {"error": short_reason(exc)}
     else:
@@ -101,7 +113,12 @@ def _worker_main(argv: Sequence[str]) -> None:
 
 @dataclass
 class BenchOptions:
-    batches: tuple[int, ...] = (1, 64, 1000)
+    """batches: one run per value, which every symbolic dimension not in `dims` takes; None keeps
+    the sizes of `inputs` (the user's .npz; random inputs when None)."""
+
+    batches: tuple[int | None, ...] = (1, 64, 1000)
+    dims: dict[str, int] = field(default_factory=dict)  # named symbolic dimensions, fixed for every run
+    inputs: str | None = None
     threads: tuple[int, ...] = (1,)
     rounds: int = ROUNDS
     round_seconds: float = ROUND_SECONDS
@@ -146,9 +163,13 @@ def bench_model(model_path, fused_path=None, options: BenchOptions | None = None
     work.mkdir(parents=True, exist_ok=True)
     result = ModelBench(name, str(model_path), str(fused_path) if fused_path else None)
     specs = model_inputs(model_path)
-    batches = options.batches if has_symbolic_batch(specs) else (_static_batch(specs),)
-    if batches != options.batches:
-        result.notes.append(f"static input shapes: measured at batch {batches[0]} only")
+    check_dim_names(specs, options.dims)
+    batches = run_batches(specs, options, result.notes)
+    shapes, labels = {}, {}  # per run; making its feeds here also checks --inputs before anything compiles
+    for key, batch in enumerate(batches):
+        feeds = make_feeds(specs, batch, options.dims, options.inputs, options.seed)
+        shapes[key] = {n: list(a.shape) for n, a in feeds.items()}
+        labels[key] = batch_label(batch, dim_values(specs, feeds), options)
 
     ort_models: dict[str, str] = {}
     if with_fused:
@@ -166,23 +187,23 @@ def bench_model(model_path, fused_path=None, options: BenchOptions | None = None
     tvm_libraries: dict[str, str] = {}
     if options.tvm:
         builds = result.compile.setdefault("tvm_build_seconds", {})
-        for batch in batches:
-            log(f"{name}: TVM build at batch {batch}")
-            library = work / f"{model_path.stem}.tvm.b{batch}.so"
-            built = run_worker("build_tvm", {"model": str(model_path), "batch": batch, "library": str(library)},
+        for key, label in labels.items():
+            log(f"{name}: TVM build at {label}")
+            library = work / f"{model_path.stem}.tvm.{key}.so"
+            built = run_worker("build_tvm", {"model": str(model_path), "shapes": shapes[key], "library": str(library)},
                                timeout=options.tvm_build_timeout)
             if "seconds" in built:
-                builds[str(batch)] = round(built["seconds"], 3)
-                tvm_libraries[str(batch)] = str(library)
+                builds[label] = round(built["seconds"], 3)
+                tvm_libraries[str(key)] = str(library)
             else:
-                builds[str(batch)] = {"na": built["error"]}
+                builds[label] = {"na": built["error"]}
 
     for threads in options.threads:
-        log(f"{name}: timing at {threads} thread(s), batches {', '.join(map(str, batches))}")
+        log(f"{name}: timing at {threads} thread(s), {'; '.join(labels.values())}")
         job = {"model": str(model_path), "ort_models": ort_models, "tvm_libraries": tvm_libraries,
-               "batches": list(batches), "threads": threads, "rounds": options.rounds,
-               "round_seconds": options.round_seconds, "budget_seconds": options.budget_seconds,
-               "seed": options.seed, "call_style": options.call_style}
+               "batches": list(batches), "dims": options.dims, "inputs": options.inputs, "threads": threads,
+               "rounds": options.rounds, "round_seconds": options.round_seconds,
+               "budget_seconds": options.budget_seconds, "seed": options.seed, "call_style": options.call_style}
         # numpy's OpenBLAS pool threads were seen busy in the timing process: keep them out.
         env = {"TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": "1"}
         measured = run_worker("measure", job, env)
@@ -193,17 +214,41 @@ def bench_model(model_path, fused_path=None, options: BenchOptions | None = None
                 b["contenders"][TVM] = {"na": f"crashed the benchmark process ({crash})"}
         if "error" in measured:  # not even onnxruntime on the original ran: nothing to compare with
             raise OnnxfuseError(f"{model_path}: cannot measure at {threads} thread(s): {measured['error']}")
-        for b in measured["batches"]:
+        for key, b in enumerate(measured["batches"]):
+            label = labels[key]
             if options.tvm and TVM not in b["contenders"]:
-                b["contenders"][TVM] = {"na": f"TVM build failed: {result.compile['tvm_build_seconds'][str(b['batch'])]['na']}"}
-            result.runs.append({"batch": b["batch"], "threads": threads, "contenders": with_speedups(b["contenders"])})
+                b["contenders"][TVM] = {"na": f"TVM build failed: {result.compile['tvm_build_seconds'][label]['na']}"}
+            result.runs.append({"batch": b["batch"], "label": label, "dims": b["dims"], "threads": threads,
+                                "contenders": with_speedups(b["contenders"])})
     return result
+
+
+def run_batches(specs: Sequence[InputSpec], options: BenchOptions, notes: list[str]) -> tuple[int | None, ...]:
+    """The batch of each run. A model with no dimension left for the batch runs once."""
+    if None in options.batches and options.inputs is None:
+        raise UsageError("a run at the inputs' own sizes needs --inputs")
+    if has_free_dims(specs, options.dims):
+        return tuple(options.batches)
+    once = (None,) if options.inputs or has_free_dims(specs) else (_static_batch(specs),)
+    if tuple(options.batches) not in (once, (None,)):
+        notes.append("every symbolic dimension is set by --dim: measured once" if has_free_dims(specs)
+                     else f"static input shapes: measured at batch {once[0]} only")
+    return once
+
+
+def batch_label(batch: int | None, dims: dict[str, int], options: BenchOptions) -> str:
+    """What a run's row says: the batch, or the size of each symbolic dimension where --dim or the
+    user's inputs chose them ('inputs batch=2, seq=16')."""
+    if options.inputs is None and not options.dims and batch is not None:
+        return str(batch)
+    sizes = ", ".join(f"{k}={v}" for k, v in dims.items()) or (str(batch) if batch is not None else "static")
+    return f"inputs {sizes}" if options.inputs else sizes
 
 
 def _optimize(model_path: Path, out_path: Path, options: BenchOptions) -> tuple[Path, dict]:
     started = time.perf_counter()
     optimized = optimize(model_path, out_path, cache_dir=options.cache_dir or True, select=options.select,
-                         select_batches=options.batches, threads=options.threads)
+                         threads=options.threads, **_select_batches(options))
     report = optimized.report
     summary = {"seconds": round(time.perf_counter() - started, 3),
                **{k: report[k] for k in ("groups_total", "groups_compiled", "groups_cached", "groups_fallback",
@@ -220,7 +265,13 @@ def measure_groups(model_path, options: BenchOptions) -> dict:
     with tempfile.TemporaryDirectory(prefix="onnxfuse-groups-") as tmp:
         name = Path(model_path).name.removesuffix(".onnx")
         return optimize(model_path, Path(tmp) / f"{name}.fused.onnx", cache_dir=options.cache_dir or True,
-                        select="measured", select_batches=options.batches, threads=options.threads).report
+                        select="measured", threads=options.threads, **_select_batches(options)).report
+
+
+def _select_batches(options: BenchOptions) -> dict:
+    """--select measured times kernels at the bench's batches (its default where the inputs set them)."""
+    batches = tuple(b for b in options.batches if b is not None)
+    return {"select_batches": batches} if batches else {}
 
 
 def _static_batch(specs: Sequence[InputSpec]) -> int:
@@ -242,9 +293,20 @@ def with_speedups(cells: dict[str, dict]) -> dict[str, dict]:
 
 def fused_refusals(results: Sequence[ModelBench]) -> list[str]:
     """Every run where onnxfuse's outputs differed from the original's."""
-    return [f"{r.name} batch {run['batch']}, {run['threads']} thread(s): {run['contenders'][FUSED]['na']}"
+    return [f"{r.name} {_run_text(run)}: {run['contenders'][FUSED]['na']}"
             for r in results for run in r.runs
             if str(run["contenders"].get(FUSED, {}).get("na", "")).startswith("refused")]
+
+
+def not_timed(results: Sequence[ModelBench]) -> list[str]:
+    """Every contender that was refused or failed, per run: `onnxfuse bench` then exits 1."""
+    return [f"{name} on {r.name} {_run_text(run)}: {cell['na']}"
+            for r in results for run in r.runs for name, cell in run["contenders"].items() if "na" in cell]
+
+
+def _run_text(run: dict) -> str:
+    label = run.get("label", str(run["batch"]))
+    return f"{'batch ' if label.isdigit() else ''}{label}, {run['threads']} thread(s)"
 
 
 # -- reporting ----------------------------------------------------------------------------------
@@ -300,7 +362,7 @@ def format_table(results: Sequence[ModelBench], markdown: bool = False, na_width
             cells = [format_cell(run["contenders"].get(n, {"na": "—"}), n == BASELINE) for n in names]
             cells = [c if len(c) <= na_width else c[: na_width - 2] + "…)" for c in cells]
             cells = ["" if c == "n/a (—)" else c for c in cells]
-            rows.append([r.name, str(run["batch"]), str(run["threads"]), *cells])
+            rows.append([r.name, run.get("label", str(run["batch"])), str(run["threads"]), *cells])
     return render_table(header, rows, markdown)
 
 
@@ -313,18 +375,24 @@ def format_compile_table(results: Sequence[ModelBench], markdown: bool = False) 
         opt_s = f"{opt['seconds']:.1f}{cached}" if opt else "—"
         groups = (f"{opt['groups_total']} ({opt['fused_node_count']}/{opt['node_count']})" if opt else "—")
         builds = r.compile.get("tvm_build_seconds", {})
-        tvm_s = ", ".join(f"b{b}: {v:.1f}" if isinstance(v, (int, float)) else f"b{b}: n/a" for b, v in builds.items()) or "—"
+        tvm_s = ", ".join(f"{_short(b)}: {v:.1f}" if isinstance(v, (int, float)) else f"{_short(b)}: n/a"
+                          for b, v in builds.items()) or "—"
         rows.append([r.name, opt_s, groups, tvm_s])
     return render_table(header, rows, markdown)
 
 
 def report_json(results: Sequence[ModelBench], options: BenchOptions, extra: dict | None = None) -> dict:
-    return {"machine": machine_info(), "options": {"batches": list(options.batches), "threads": list(options.threads),
+    return {"machine": machine_info(), "options": {"batches": list(options.batches), "dims": options.dims,
+                                                   "inputs": options.inputs, "threads": list(options.threads),
                                                    "rounds": options.rounds, "round_seconds": options.round_seconds,
                                                    "tvm": options.tvm, "call_style": options.call_style},
             "ratio": "speedup = median over rounds of onnxruntime's time / the contender's in the same round "
                      "(onnxruntime median ms / contender median ms where either ran only once)",
             "models": [r.to_json() for r in results], **(extra or {})}
+
+
+def _short(label: str) -> str:
+    return f"b{label}" if label.isdigit() else label
 
 
 def _fmt_ms(ms: float) -> str:

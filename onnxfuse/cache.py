@@ -52,15 +52,19 @@ def default_cache_dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def codegen_fingerprint() -> str:
-    """A hash of the code generator's source: a changed lowering must never reuse old kernels."""
+    """A hash of the code generator's source and of the canonical form it compiles
+    (kernel_identity.py): a changed lowering must never reuse old kernels."""
     h = hashlib.sha256()
-    for path in sorted((Path(__file__).parent / "codegen").glob("*.py")):
+    here = Path(__file__).parent
+    for path in [*sorted((here / "codegen").glob("*.py")), here / "kernel_identity.py"]:
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 
 def group_key(group_model: onnx.ModelProto, target_key: str) -> str:
+    """The cache key of a group's kernel: `group_model` is its canonical form
+    (kernel_identity.canonical_group), so groups differing only in names and weights share it."""
     import tvm
 
     h = hashlib.sha256()

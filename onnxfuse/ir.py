@@ -9,6 +9,7 @@ can always be reported in terms of the user's model.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -58,6 +59,9 @@ class Node:
     attributes: dict[str, Any]
     implicit_inputs: list[str] = field(default_factory=list)  # outer values its subgraphs read
     has_subgraph: bool = False
+    bodies: dict[str, Graph] = field(default_factory=dict)
+    """Its graph attributes (If branches, Loop/Scan bodies) as graphs of their own, by attribute
+    name: fusion plans each like a model (see Graph.scopes)."""
 
     @property
     def label(self) -> str:
@@ -72,6 +76,25 @@ class Graph:
     inputs: list[str]  # graph inputs that are not initializers
     outputs: list[str]
     opsets: dict[str, int]
+    captures: list[str] = field(default_factory=list)
+    """In a subgraph body: the enclosing scopes' values it reads by name. They appear in `values`
+    like graph inputs (or initializers, when the outer value is one) but not in `inputs`."""
+
+    def scopes(self, path: str = "") -> Iterator[tuple[str, Graph]]:
+        """This graph and every body below it, depth first, each with its path: "" for the model,
+        `If_3/then_branch` for a body, `If_3/then_branch/Loop_0/body` for a body inside it."""
+        yield path, self
+        for node in self.nodes:
+            for attribute, body in node.bodies.items():
+                yield from body.scopes(body_path(path, node, attribute))
+
+    def scope(self, path: str) -> Graph:
+        """The graph at `path` (see scopes)."""
+        return self.scopes_by_path[path]
+
+    @cached_property
+    def scopes_by_path(self) -> dict[str, Graph]:
+        return dict(self.scopes())
 
     def value(self, name: str) -> Value:
         return self.values[name]
@@ -130,3 +153,9 @@ class Graph:
             stuck = next(n for n in self.nodes if indegree[n.index] > 0)
             raise ValueError(f"the graph has a cycle through {stuck.label}")
         return order
+
+
+def body_path(parent: str, node: Node, attribute: str) -> str:
+    """The path of one body of `node` (a node of the graph at `parent`)."""
+    own = f"{node.op_type}_{node.index}/{attribute}"
+    return f"{parent}/{own}" if parent else own

@@ -33,8 +33,9 @@ class OpInfo:
     static_inputs: tuple[int, ...] = ()
     """Input positions that must be compile-time constants (shapes, axes, pads): not dataflow."""
     epilogue_safe: bool = False
-    """An injective op that only selects or reinterprets elements (Split, Slice, Reshape), so an
-    anchor's elementwise epilogue may run through it: the basis of split fan-out fusion."""
+    """An injective op that only selects, reinterprets or places elements (Split, Slice, Reshape,
+    Concat), so an anchor's elementwise epilogue may run through it: the basis of split fan-out
+    fusion, and of a cell that stacks its new state (Unsqueeze → Concat) in its own kernel."""
     competitive: bool = True
     """False where onnxruntime's own kernel is still much faster than ours (measured: convolutions
     and pooling, 10-50x). `--select auto` leaves groups with such ops to onnxruntime."""
@@ -55,8 +56,9 @@ def _table() -> dict[str, OpInfo]:
         "And Or Xor BitShift PRelu BatchNormalization CastLike"
     ).split():
         t[op] = OpInfo(B)
-    for op in "Transpose Concat Gather GatherElements DepthToSpace SpaceToDepth".split():
+    for op in "Transpose Gather GatherElements DepthToSpace SpaceToDepth".split():
         t[op] = OpInfo(I)
+    t["Concat"] = OpInfo(I, epilogue_safe=True)
     t["Reshape"] = OpInfo(I, static_inputs=(1,), epilogue_safe=True)
     t["Flatten"] = OpInfo(I, epilogue_safe=True)
     t["Squeeze"] = OpInfo(I, static_inputs=(1,), epilogue_safe=True)
@@ -96,10 +98,18 @@ OPAQUE_REASONS: dict[str, str] = {
     "Upsample": "not supported by the code generator yet",
     "LRN": "not supported by the code generator yet",
     "ThresholdedRelu": "TVM lowers it as (x > alpha) * x, which turns -inf into NaN",
-    "LSTM": "a recurrent op with its own onnxruntime kernel",
-    "GRU": "a recurrent op with its own onnxruntime kernel",
-    "RNN": "a recurrent op with its own onnxruntime kernel",
+    "LSTM": "a recurrent op: compiled alone, as one sequence kernel",
+    "GRU": "a recurrent op: compiled alone, as one sequence kernel",
+    "RNN": "a recurrent op: compiled alone, as one sequence kernel",
 }
+
+# Opaque to fusion, yet compiled: each such node is a group of its own (codegen/recurrent.py).
+COMPILED_ALONE = frozenset({"LSTM", "GRU", "RNN"})
+
+
+def compiled_alone(op_type: str, domain: str = "") -> bool:
+    """Whether a node of this op becomes a one-node group although nothing fuses with it."""
+    return domain in ("", "ai.onnx") and op_type in COMPILED_ALONE
 
 # Dtypes the code generator can compile (others keep a node opaque).
 COMPILABLE_DTYPES = frozenset(

@@ -1,8 +1,9 @@
 """Write the model back as ONNX: each compiled group becomes one custom-op node.
 
 The custom node reads the kernel's arguments in order (runtime inputs and weights alike, so the
-model file stays the one place weights live) and produces the group's outputs. Everything not
-compiled stays as it was, for onnxruntime to run.
+model file stays the one place weights live) and produces the group's outputs. Groups with one
+kernel identity (kernel_identity.py) become nodes of one op_type, each passing its own values.
+Everything not compiled stays as it was, for onnxruntime to run.
 """
 
 from __future__ import annotations
@@ -14,53 +15,123 @@ from onnx import helper, numpy_helper
 
 from . import __version__
 from .fusion.plan import FusedGroup
-from .ir import Graph
+from .ir import Graph, body_path
 from .kernel_spec import DOMAIN, DOMAIN_VERSION, LIBRARY_METADATA_KEY, GroupKernel
+from .report import ops_summary
+from .target import Target
 
 
 def package_model(
-    graph: Graph, fused: list[tuple[FusedGroup, GroupKernel]], library_name: str, target_name: str
+    graph: Graph, fused: list[tuple[FusedGroup, GroupKernel]], library_name: str, target: Target | str,
+    *, consume: bool = False,
 ) -> onnx.ModelProto:
-    original = graph.model
-    replaced = {i for group, _ in fused for i in group.node_indices}
-    first_member = {min(group.node_indices): (group, kernel) for group, kernel in fused}
+    """The model with each fused group replaced by its custom node. `consume=True` rewrites
+    `graph.model` itself instead of a copy, so a 2 GB model is held once, not twice (the
+    pipeline's last use of the graph; the graph is unusable after).
 
-    nodes: list[tuple[int, onnx.NodeProto]] = []  # (original position, node)
-    extra_inits: list[onnx.TensorProto] = []
-    for index, proto in enumerate(original.graph.node):
-        if index in first_member:
-            group, kernel = first_member[index]
-            node, weights = custom_op_node(group, kernel)
-            nodes.append((index, node))
-            extra_inits.extend(weights)
-        elif index not in replaced:
-            nodes.append((index, proto))
-
-    model = onnx.ModelProto()
-    model.CopyFrom(original)
-    g = model.graph
-    del g.node[:]
-    g.node.extend(_topological(nodes))
-    g.initializer.extend(extra_inits)
-    _drop_unused(g)
+    `fused` may hold groups of any If/Loop/Scan body (FusedGroup.scope): those become custom nodes
+    inside that body, which onnxruntime resolves like any other node there."""
+    by_scope: dict[str, list[tuple[FusedGroup, GroupKernel]]] = {}
+    for group, kernel in fused:
+        by_scope.setdefault(group.scope, []).append((group, kernel))
+    if consume:
+        model = graph.model
+    else:
+        model = onnx.ModelProto()
+        model.CopyFrom(graph.model)
+    _rewrite_graph(model.graph, graph, "", by_scope)
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
-    _set_metadata(model, {LIBRARY_METADATA_KEY: library_name, "onnxfuse.version": __version__, "onnxfuse.target": target_name})
+    _set_metadata(model, {LIBRARY_METADATA_KEY: library_name, "onnxfuse.version": __version__,
+                          **target_metadata(target)})
     return model
 
 
-def custom_op_node(group: FusedGroup, kernel: GroupKernel) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
-    """The node that runs `kernel` in place of `group`, and the lifted constants it reads."""
+def _rewrite_graph(g: onnx.GraphProto, graph: Graph, scope: str,
+                   by_scope: dict[str, list[tuple[FusedGroup, GroupKernel]]]) -> None:
+    """Rewrite `g` (`graph`'s GraphProto, or a copy) in place: the bodies below it first, then
+    its own groups become custom nodes, then what nothing reads any more goes."""
+    for node in graph.nodes:
+        for attribute, body in node.bodies.items():
+            path = body_path(scope, node, attribute)
+            if any(s == path or s.startswith(f"{path}/") for s in by_scope):
+                body_proto = next(a.g for a in g.node[node.index].attribute if a.name == attribute)
+                _rewrite_graph(body_proto, body, path, by_scope)
+    extra_inits = _replace_groups(g, graph, by_scope[scope]) if scope in by_scope else []
+    used = {i for n in g.node for i in _reads(n)} | {o.name for o in g.output}
+    dropped = {t.name for t in g.initializer if t.name not in used}
+    for position in reversed([k for k, t in enumerate(g.initializer) if t.name in dropped]):
+        del g.initializer[position]  # in place: the kept weights are never copied
+    g.initializer.extend(extra_inits)
+    _drop_unused(g, used, dropped)
+
+
+def _replace_groups(g: onnx.GraphProto, graph: Graph, fused: list[tuple[FusedGroup, GroupKernel]],
+                    ) -> list[onnx.TensorProto]:
+    """Each group's nodes in `g` replaced by its custom node; returns the constants they lift."""
+    replaced = {i for group, _ in fused for i in group.node_indices}
+    first_member = {min(group.node_indices): (group, kernel) for group, kernel in fused}
+    nodes: list[tuple[int, onnx.NodeProto]] = []  # (original position, node)
+    extra_inits: dict[str, onnx.TensorProto] = {}  # by name: groups that share a kernel may share a lifted weight
+    for index, proto in enumerate(g.node):
+        if index in first_member:
+            group, kernel = first_member[index]
+            node, weights = custom_op_node(group, kernel, graph)
+            nodes.append((index, node))
+            extra_inits.update((w.name, w) for w in weights)
+        elif index not in replaced:
+            nodes.append((index, proto))
+    ordered = [_copy(n) for n in _topological(nodes)]  # copies: the node list is rebuilt below
+    del g.node[:]
+    g.node.extend(ordered)
+    return list(extra_inits.values())
+
+
+def target_metadata(target: Target | str) -> dict[str, str]:
+    """What the model's metadata says about the CPU its kernels were built for."""
+    if isinstance(target, str):
+        return {"onnxfuse.target": target}
+    return {"onnxfuse.target": target.name, "onnxfuse.target.triple": target.triple,
+            "onnxfuse.target.cpu": target.mcpu or "", "onnxfuse.target.features": ",".join(target.mattr)}
+
+
+def _copy(proto: onnx.NodeProto) -> onnx.NodeProto:
+    clone = onnx.NodeProto()
+    clone.CopyFrom(proto)
+    return clone
+
+
+def custom_op_node(group: FusedGroup, kernel: GroupKernel, graph: Graph | None = None,
+                   ) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
+    """The node that runs `kernel` in place of `group`, and the lifted constants it reads: the
+    kernel's own (named after it, so the nodes sharing the kernel share them too) and this
+    group's (a transposed weight). Its doc_string names the nodes it replaced, so a model viewer
+    shows more than a hash."""
     inputs, weights = [], []
     for source in kernel.arg_sources:
         if source in kernel.extra_weights:
-            name = f"{group.name}__{source}"
+            name = source if source.startswith(f"{kernel.spec.name}__") else f"{group.name}__{source}"
             weights.append(numpy_helper.from_array(kernel.extra_weights[source], name))
             inputs.append(name)
         else:
             inputs.append(source)
-    node = helper.make_node(kernel.spec.name, inputs, list(group.outputs), name=f"onnxfuse_{group.name}", domain=DOMAIN)
+    node = helper.make_node(kernel.spec.name, inputs, list(group.outputs), name=f"onnxfuse_{group.name}", domain=DOMAIN,
+                            doc_string=describe_group(group, graph))
     return node, weights
+
+
+DOC_NODE_NAMES = 24  # a 2,000-node tree chain names its first ones and counts the rest
+
+
+def describe_group(group: FusedGroup, graph: Graph | None = None) -> str:
+    """`onnxfuse kernel for group_0: 14 nodes [Sigmoid×3, MatMul×2, ...] replaced: mm1 (MatMul), ...`"""
+    labels = []
+    for index, op in zip(group.node_indices[:DOC_NODE_NAMES], group.op_types):
+        name = graph.nodes[index].name if graph is not None else ""
+        labels.append(f"{name or '#' + str(index)} ({op})")
+    more = len(group.node_indices) - len(labels)
+    return (f"onnxfuse kernel for {group.name}: {len(group.node_indices)} nodes [{ops_summary(group.op_types)}] "
+            f"replaced: {', '.join(labels)}" + (f", … and {more} more" if more > 0 else ""))
 
 
 def _topological(nodes: list[tuple[int, onnx.NodeProto]]) -> list[onnx.NodeProto]:
@@ -95,14 +166,10 @@ def _reads(node: onnx.NodeProto) -> set[str]:
     return names
 
 
-def _drop_unused(g: onnx.GraphProto) -> None:
-    """Remove initializers and value_info that no node or output refers to any more."""
-    used = {i for n in g.node for i in _reads(n)} | {o.name for o in g.output}
+def _drop_unused(g: onnx.GraphProto, used: set[str], dropped: set[str]) -> None:
+    """Remove the value_info no node or output refers to any more, and the graph inputs that
+    named dropped initializers."""
     alive = used | {o for n in g.node for o in n.output}
-    keep = [t for t in g.initializer if t.name in used]
-    dropped = {t.name for t in g.initializer} - {t.name for t in keep}
-    del g.initializer[:]
-    g.initializer.extend(keep)
     infos = [v for v in g.value_info if v.name in alive]
     del g.value_info[:]
     g.value_info.extend(infos)

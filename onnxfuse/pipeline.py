@@ -12,7 +12,9 @@ end, so a failed run leaves nothing half-written.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -20,35 +22,46 @@ from pathlib import Path
 
 import onnx
 
+from . import __version__
+from .atomic import write_text_atomic
 from .cache import KernelCache, default_cache_dir, group_key, kernel_name
 from .codegen.worker import compile_one
 from .errors import CompileError, UsageError
 from .frontend.ir_version import require_loadable_ir_version
 from .frontend.loader import load_model
+from .frontend.validate import external_data_files, tensor_bytes, validate_model_file
 from .fusion.extract import extract_group
 from .fusion.partition import FusionOptions
 from .fusion.plan import FusedGroup, FusionPlan, plan_fusion
+from .gates import is_compute_op
 from .ir import Graph
+from .kernel_identity import CanonicalGroup, canonical_group
 from .kernel_spec import GroupKernel, KernelSpec
+from .model_file import stage_model
+from .output_paths import OutputError, OutputPaths, check_outputs, describe
 from .package import package_model
 from .progress import Progress
 from .runtime.library import build_library
 from .select import SELECTIONS
-from .select.auto import auto_rejects
+from .select.auto import auto_rejects, leave_to_onnxruntime
 from .select.measured import judge_groups
 from .select.shipped import ShippedCheck, check_shipped
 from .select.whole_model import check_whole_model
-from .target import DEFAULT_TARGET, Target, resolve_target
+from .target import Target, resolve_target
 from .workers import run_with_deadline
 
-EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # bytes; protobuf cannot hold 2 GB
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # bytes of weights; protobuf cannot hold 2 GB
+GROUP_WEIGHT_LIMIT = 512 * 2**20
+"""A group whose weights take more stays with onnxruntime: compiling it would serialize its
+weights into the group model, hash them, send them to a worker and load them into a verifying
+onnxruntime session, several copies of a tensor that may be most of the model."""
 
 
 @dataclass(frozen=True)
 class OptimizeOptions:
     """Everything that decides what optimize builds (see `optimize` for each field)."""
 
-    target: str = DEFAULT_TARGET
+    target: str | None = None  # None: $ONNXFUSE_TARGET, else portable (target.py)
     mcpu: str | None = None
     mattr: str | None = None
     max_depth: int = 256
@@ -88,19 +101,25 @@ class GroupOutcome:
     reason: str | None = None
     seconds: float = 0.0
     info: dict = field(default_factory=dict)
+    declined: bool = False  # a fallback by choice (selection, size limit), not a failure
 
     def fallen_back(self, reason: str) -> GroupOutcome:
         """This outcome after selection decided to leave the group to onnxruntime."""
-        return dataclasses.replace(self, status="fallback", kernel=None, reason=reason)
+        return dataclasses.replace(self, status="fallback", kernel=None, reason=reason, declined=True)
 
     def to_json(self) -> dict:
         out = {**self.group.to_json(), "status": self.status, "compile_seconds": round(self.seconds, 3)}
         if self.kernel:
             out["kernel"] = self.kernel.spec.name
+        if self.status == "fallback":
+            out["fallback_kind"] = "declined" if self.declined else "failed"
         if self.reason:
             out["reason"] = self.reason
         out.update(self.info)
         return out
+
+
+REPORT_SCHEMA_VERSION = 1  # docs/report.md; bumped when a field changes meaning or goes away
 
 
 @dataclass
@@ -111,19 +130,39 @@ class OptimizeResult:
     outcomes: list[GroupOutcome]
     seconds: float
     measured: dict = field(default_factory=dict)  # --select measured: copy bandwidth, whole-model check
+    source_path: Path | None = None
+    target: Target | None = None
+    node_op_types: tuple[tuple[str, int, str], ...] = ()  # (scope, index, op type) of every node, bodies' too
+    timings: dict = field(default_factory=dict)  # stage → seconds
+    data_path: Path | None = None  # the model's external data file, when it has one
+    report_path: Path | None = None
     shipped_check: dict = field(default_factory=dict)  # the written model against the original (select/shipped.py)
 
     @property
     def report(self) -> dict:
+        """What --report writes (docs/report.md states every field)."""
         counts = {s: sum(o.status == s for o in self.outcomes) for s in ("compiled", "cached", "fallback")}
+        fused = {(o.group.scope, i) for o in self.outcomes if o.kernel for i in o.group.node_indices}
+        compute = [(scope, i) for scope, i, op in self.node_op_types if is_compute_op(op)]
+        fused_compute = sum(i in fused for i in compute)
         return {
+            "schema_version": REPORT_SCHEMA_VERSION,
+            "model": str(self.source_path) if self.source_path else None,
             "output": str(self.model_path),
             "library": str(self.library_path) if self.library_path else None,
+            "external_data": str(self.data_path) if self.data_path else None,
+            "versions": tool_versions(),
+            "target": target_json(self.target),
             "seconds": round(self.seconds, 3),
+            "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "node_count": self.plan.node_count,
-            "fused_node_count": sum(len(o.group.node_indices) for o in self.outcomes if o.kernel),
+            "fused_node_count": len(fused),
+            "compute_node_count": len(compute),
+            "fused_compute_node_count": fused_compute,
+            "fused_fraction": round(fused_compute / len(compute), 4) if compute else 1.0,
             "groups_total": len(self.outcomes),
             **{f"groups_{k}": v for k, v in counts.items()},
+            "groups_failed": sum(o.status == "fallback" and not o.declined for o in self.outcomes),
             "options": self.plan.options_json(),
             "groups": [o.to_json() for o in self.outcomes],
             "unfused": [u.to_json() for u in self.plan.unfused],
@@ -132,19 +171,40 @@ class OptimizeResult:
         }
 
 
+def tool_versions() -> dict[str, str]:
+    import onnxruntime
+    import tvm
+
+    return {"onnxfuse": __version__, "tvm": tvm.__version__, "onnxruntime": onnxruntime.__version__,
+            "onnx": onnx.__version__}
+
+
+def target_json(tgt: Target | None) -> dict | None:
+    if tgt is None:
+        return None
+    return {"name": tgt.name, "triple": tgt.triple, "cpu": tgt.mcpu, "features": list(tgt.mattr)}
+
+
 def default_output(model_path: Path) -> Path:
     name = model_path.name[: -len(".onnx")] if model_path.name.endswith(".onnx") else model_path.name
     return model_path.with_name(f"{name}.fused.onnx")
 
 
 def library_path_for(model_out: Path) -> Path:
-    stem = model_out.name[: -len(".onnx")] if model_out.name.endswith(".onnx") else model_out.name
-    return model_out.with_name(f"{stem}.so")
+    return OutputPaths.beside(model_out).library
 
 
-def optimize(model: str | os.PathLike, output: str | os.PathLike | None = None, *, progress: Progress | None = None,
+def optimize(model: str | os.PathLike, output: str | os.PathLike | None = None, *,
+             report: str | os.PathLike | None = None, progress: Progress | None = None,
              threads: int | tuple[int, ...] = 1, select_batches=(1, 64), **options) -> OptimizeResult:
-    """Fuse and compile `model`; returns the written paths, the plan and each group's outcome.
+    """Fuse and compile `model`; write the fused model (default: MODEL's stem + .fused.onnx), its
+    kernel library beside it (`<stem>.so`) and, if `report` names a file, the JSON report.
+    Returns the written paths, the plan and each group's outcome (`result.report`).
+
+    Raises onnxfuse.errors.OnnxfuseError subclasses with one-line messages: ModelLoadError for an
+    unreadable or invalid model, UsageError for bad options, an output that would overwrite the
+    input or cannot be written (checked before compiling), or a model that already is onnxfuse
+    output. A group that cannot compile never raises: it falls back, with the reason in the report.
 
     Options (keywords; see OptimizeOptions):
     target / mcpu / mattr: the CPUs to build for ("portable", "native", "x86_64", "aarch64"; target.py).
@@ -158,40 +218,114 @@ def optimize(model: str | os.PathLike, output: str | os.PathLike | None = None, 
     then drops kept groups while the whole fused model is slower than the original.
     compile_timeout: seconds one group may take to compile and verify before it falls back.
     jobs: compile processes (default: the machine's cores).
+    progress: a `onnxfuse.progress.Progress` to show compiling as it happens (default: silent).
+
+        >>> result = onnxfuse.optimize("model.onnx", "out/model.fused.onnx", report="out/report.json")
+        >>> result.report["fused_fraction"], result.library_path
     """
     threads = (threads,) if isinstance(threads, int) else tuple(threads)
     settings = OptimizeOptions(threads=threads, select_batches=tuple(select_batches), **options)
-    return run_pipeline(Path(model), Path(output) if output else None, settings, progress or Progress(enabled=False))
+    return run_pipeline(Path(model), Path(output) if output else None, settings, progress or Progress(enabled=False),
+                        Path(report) if report else None)
 
 
-def run_pipeline(model_path: Path, out_path: Path | None, options: OptimizeOptions, progress: Progress) -> OptimizeResult:
+def run_pipeline(model_path: Path, out_path: Path | None, options: OptimizeOptions, progress: Progress,
+                 report_path: Path | None = None) -> OptimizeResult:
     started = time.perf_counter()
+    clock = _StageClock()
     tgt = resolve_target(options.target, options.mcpu, options.mattr)
     tgt.require_toolchain()
-    out_path = out_path or default_output(model_path)
+    out = OutputPaths.beside(out_path or default_output(model_path), report_path)
+    header = validate_model_file(model_path)
+    check_outputs([("input model", model_path)] + [("input's external data", p) for p in external_data_files(header, model_path)],
+                  out)
+    del header
     graph = load_model(model_path)
     require_loadable_ir_version(graph.model, model_path)
-    plan = plan_fusion(graph, options.fusion)
+    node_op_types = tuple((scope, n.index, n.op_type) for scope, body in graph.scopes() for n in body.nodes)
+    clock.lap("load")
+    plan = plan_fusion(graph, options.fusion, leave_to_onnxruntime if options.select == "auto" else None)
+    clock.lap("plan")
 
     with tempfile.TemporaryDirectory(prefix="onnxfuse-build-") as build_dir:
         outcomes = _compile_groups(graph, plan, tgt, options, Path(build_dir), progress)
+        clock.lap("compile")
         measured = {}
         if options.select == "measured":
             outcomes, measured = _select_measured(graph, outcomes, tgt, Path(build_dir), options, progress)
+            clock.lap("select")
         fused = [(o.group, o.kernel) for o in outcomes if o.kernel is not None]
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        library = library_path_for(out_path) if fused else None
-        packaged, staged_library, shipped = _package_checked(model_path, graph, fused, library, tgt, options, progress)
-        outcomes = [o.fallen_back(shipped.dropped[o.group.name]) if o.group.name in shipped.dropped else o
+        written = _write_outputs(model_path, graph, fused, out, tgt, Path(build_dir), options, progress)
+        outcomes = [o.fallen_back(written.dropped[o.group.name]) if o.group.name in written.dropped else o
                     for o in outcomes]
-        library = library if staged_library else None
-        staged_model = _stage_model(packaged, out_path)
-        # Both files are complete on disk; now make them visible, library first.
-        if staged_library:
-            os.replace(staged_library, library)
-        for staged, final in staged_model:
-            os.replace(staged, final)
-    return OptimizeResult(out_path, library, plan, outcomes, time.perf_counter() - started, measured, shipped.summary)
+        clock.lap("package")
+    result = OptimizeResult(out.model, written.library, plan, outcomes, time.perf_counter() - started, measured,
+                            source_path=model_path, target=tgt, node_op_types=node_op_types, timings=clock.laps,
+                            data_path=written.data, report_path=report_path, shipped_check=written.shipped_summary)
+    if report_path:
+        try:
+            write_text_atomic(report_path, json.dumps(result.report, indent=1))
+        except OSError as exc:
+            raise OutputError(f"cannot write the report {report_path}: {describe(exc)}") from None
+    return result
+
+
+class _StageClock:
+    def __init__(self):
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.laps[stage] = now - self._last
+        self._last = now
+
+
+@dataclass(frozen=True)
+class _Written:
+    library: Path | None  # None when no kernel ships
+    data: Path | None  # the model's external data file, when it needed one
+    dropped: dict[str, str]  # groups the shipped check fell back → why
+    shipped_summary: dict
+
+
+def _write_outputs(model_path: Path, graph: Graph, fused: list, out: OutputPaths, tgt: Target, build_dir: Path,
+                   options: OptimizeOptions, progress: Progress) -> _Written:
+    """The library and the model, staged beside their final names, checked as they will ship
+    (select/shipped.py), and renamed into place only when both are complete; a failure leaves no
+    temp file and is one OutputError line."""
+    staged: list[tuple[Path, Path]] = []
+    library_files: set[Path] = set()  # every staged library file (packaging again rewrites the same one)
+
+    def package(kept, consume=False):  # the model and its staged library for `kept`
+        library = _stage_library([k for _, k in kept], out.library, tgt, build_dir) if kept else None
+        if library:
+            library_files.add(library)
+        return (package_model(graph, kept, out.library.name, tgt, consume=consume) if kept else graph.model), library
+
+    try:
+        out.model.parent.mkdir(parents=True, exist_ok=True)
+        if options.verify and fused:  # packaged from a copy: the check may package again from the graph
+            shipped = check_shipped(model_path, fused, package, *package(fused), options.inputs, progress.note)
+        else:
+            shipped = ShippedCheck(*package(fused, consume=True),
+                                   summary={"checked": False, "why": "--no-verify" if fused else "no kernels"})
+        if shipped.library is not None:
+            staged.append((shipped.library, out.library))
+        packaged, shipped.model = shipped.model, None
+        staged += stage_model(packaged, out.model, out.data, EXTERNAL_DATA_THRESHOLD)
+        del packaged
+        written = [final for _, final in staged]
+        for tmp, final in staged:  # the library first: a model is never visible without it
+            os.replace(tmp, final)
+        staged = []
+    except OSError as exc:
+        raise OutputError(f"cannot write {out.model}: {describe(exc)}") from None
+    finally:
+        for tmp in [tmp for tmp, _ in staged] + list(library_files):  # renamed ones are gone already
+            tmp.unlink(missing_ok=True)
+    return _Written(out.library if out.library in written else None, out.data if out.data in written else None,
+                    shipped.dropped, shipped.summary)
 
 
 # -- compiling every group ----------------------------------------------------------------------
@@ -201,40 +335,62 @@ def _compile_groups(graph: Graph, plan: FusionPlan, tgt: Target, options: Optimi
     cache = options.kernel_cache()
     dup = plan.options.max_duplication
     outcomes: dict[str, GroupOutcome] = {}
-    pending: dict[str, tuple[bytes, str, int]] = {}  # key → (group model, kernel name, max duplication)
-    waiting: dict[str, list[FusedGroup]] = {}
+    pending: dict[str, tuple[bytes, str, int, dict]] = {}  # key → (canonical model, kernel name, max duplication, weights)
+    waiting: dict[str, list[tuple[FusedGroup, CanonicalGroup]]] = {}  # groups with one kernel identity
     for group in plan.groups:
-        rejected = auto_rejects(group) if options.select == "auto" else None
+        rejected = (auto_rejects(group) if options.select == "auto" else None) or _too_heavy(graph, group)
         if rejected:
-            outcomes[group.name] = GroupOutcome(group, "fallback", reason=rejected)
+            outcomes[group.name] = GroupOutcome(group, "fallback", reason=rejected, declined=True)
             continue
         try:
-            group_model = extract_group(graph, group)
+            canonical = canonical_group(extract_group(graph, group))
         except CompileError as exc:
             outcomes[group.name] = GroupOutcome(group, "fallback", reason=str(exc))
             continue
-        key = group_key(group_model, f"{tgt.key}|dup{dup}")
+        key = group_key(canonical.model, f"{tgt.key}|dup{dup}")
         hit = cache.load(key)
         if hit is not None:
-            outcomes[group.name] = GroupOutcome(group, "cached", hit[0], info=hit[1])
+            bound = canonical.bind(hit[0], graph.scope(group.scope).values)
+            outcomes[group.name] = GroupOutcome(group, "cached", bound, info=hit[1])
             continue
-        pending.setdefault(key, (group_model.SerializeToString(deterministic=True), kernel_name(key), dup))
-        waiting.setdefault(key, []).append(group)
+        pending.setdefault(key, (canonical.model.SerializeToString(deterministic=True), kernel_name(key), dup,
+                                 canonical.weights))
+        waiting.setdefault(key, []).append((group, canonical.slim(graph.scope(group.scope).values)))
 
-    progress.start(len(pending), sum(o.status == "cached" for o in outcomes.values()))
-    for key, result in _run_compiles(pending, tgt, build_dir, options.jobs, options.verify, options.compile_timeout):
-        kernel, info, reason, seconds = result
-        if kernel is not None:
-            try:
-                kernel = cache.store(key, kernel, info)
-            except OSError as exc:  # an unwritable cache must not cost the user the kernel
-                info = {**info, "cache_error": str(exc)}
-        for group in waiting[key]:
-            status = "compiled" if kernel is not None else "fallback"
-            outcomes[group.name] = GroupOutcome(group, status, kernel, reason, seconds, info)
-        progress.step(waiting[key][0], kernel is not None, seconds, reason)
-    progress.finish()
+    jobs = max(1, min(options.jobs or os.cpu_count() or 1, len(pending)))
+    running = _InFlight([waiting[key][0][0] for key in pending], pending, jobs)
+    progress.start(len(pending), sum(o.status == "cached" for o in outcomes.values()),
+                   groups=sum(len(w) for w in waiting.values()))
+    progress.compiling(running.groups())
+    try:
+        for key, result in _run_compiles(pending, tgt, build_dir, jobs, options.verify, options.compile_timeout):
+            kernel, info, reason, seconds = result
+            seconds = seconds or running.elapsed(key)  # a timed-out or killed compile reports no time of its own
+            running.finished(key)
+            if kernel is not None:
+                try:
+                    kernel = cache.store(key, kernel, info)
+                except OSError as exc:  # an unwritable cache must not cost the user the kernel
+                    info = {**info, "cache_error": str(exc)}
+            for group, canonical in waiting[key]:
+                status = "compiled" if kernel is not None else "fallback"
+                bound = canonical.bind(kernel, graph.scope(group.scope).values) if kernel is not None else None
+                outcomes[group.name] = GroupOutcome(group, status, bound, reason, seconds, info)
+            progress.step(waiting[key][0][0], kernel is not None, seconds, reason, groups=len(waiting[key]))
+            progress.compiling(running.groups())
+    finally:
+        progress.finish()
     return [outcomes[g.name] for g in plan.groups]
+
+
+def _too_heavy(graph: Graph, group: FusedGroup) -> str | None:
+    """Why a group is left alone for the size of its weights (GROUP_WEIGHT_LIMIT), or None."""
+    weights = [graph.scope(group.scope).value(name).initializer for name in group.inputs]
+    total = sum(tensor_bytes(t) or 0 for t in weights if t is not None)
+    if total <= GROUP_WEIGHT_LIMIT:
+        return None
+    return (f"its weights take {total / 2**20:.0f} MB; groups over {GROUP_WEIGHT_LIMIT // 2**20} MB stay with "
+            "onnxruntime (compiling and verifying one holds several copies of them)")
 
 
 def _select_measured(graph: Graph, outcomes: list[GroupOutcome], tgt: Target, build_dir: Path,
@@ -258,16 +414,44 @@ def _select_measured(graph: Graph, outcomes: list[GroupOutcome], tgt: Target, bu
     return decided, {**verdicts.summary(), "whole_model_check": whole.summary}
 
 
-def _run_compiles(pending: dict, tgt: Target, build_dir: Path, jobs: int | None, verify: bool, timeout: float | None):
+class _InFlight:
+    """Which groups are compiling now, and since when: the worker pool hands tasks out in order,
+    one to each free worker, so the first `jobs` unfinished tasks are the ones running."""
+
+    def __init__(self, groups: list[FusedGroup], keys, jobs: int):
+        self._queue = list(zip(keys, groups))
+        self._jobs = jobs
+        self._running: dict[str, tuple[FusedGroup, float]] = {}
+        self._fill()
+
+    def _fill(self) -> None:
+        while self._queue and len(self._running) < self._jobs:
+            key, group = self._queue.pop(0)
+            self._running[key] = (group, time.monotonic())
+
+    def elapsed(self, key: str) -> float:
+        return time.monotonic() - self._running[key][1] if key in self._running else 0.0
+
+    def finished(self, key: str) -> None:
+        self._running.pop(key, None)
+        self._fill()
+
+    def groups(self) -> list[tuple[FusedGroup, float]]:
+        """(group, monotonic start) of each running compile."""
+        return list(self._running.values())
+
+
+def _run_compiles(pending: dict, tgt: Target, build_dir: Path, jobs: int, verify: bool, timeout: float | None):
     """Yield (key, (kernel, info, reason, seconds)) as compiles finish.
 
     In worker processes when running in parallel or under a deadline; in this process only for
     jobs=1 without a deadline (the cheapest way for tests and small models).
     """
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(pending)))
+    if not pending:
+        return  # no worker process to start (each imports TVM: seconds)
     target_args = tgt.args
-    tasks = {key: (model_bytes, name, target_args, str(build_dir), verify, dup)
-             for key, (model_bytes, name, dup) in pending.items()}
+    tasks = {key: (model_bytes, name, target_args, str(build_dir), verify, dup, weights)
+             for key, (model_bytes, name, dup, weights) in pending.items()}
     if jobs == 1 and timeout is None:
         for key, args in tasks.items():
             yield key, compile_one(*args)
@@ -276,68 +460,22 @@ def _run_compiles(pending: dict, tgt: Target, build_dir: Path, jobs: int | None,
 
 
 def _build_library(kernels: list[GroupKernel], library: Path, tgt: Target) -> Path:
-    """The library of `kernels` (each distinct kernel once), staged beside `library` for the
-    caller to rename into place."""
+    """The library of `kernels` (each distinct kernel once) at `library`."""
     unique: dict[str, KernelSpec] = {}
     for k in kernels:
         unique.setdefault(k.spec.name, k.spec)
-    staged = library.with_name(f".{library.name}.{os.getpid()}.tmp")  # renamed into place by the caller
+    return build_library(list(unique.values()), library, target=tgt)
+
+
+def _stage_library(kernels: list[GroupKernel], library: Path, tgt: Target, build_dir: Path) -> Path:
+    """The library linked in the build directory, then copied beside `library` under a temporary
+    name for the caller to rename: a full or read-only output disk is then an OSError of ours,
+    not a linker message."""
+    built = _build_library(kernels, build_dir / library.name, tgt)
+    staged = library.with_name(f".{library.name}.{os.getpid()}.tmp")
     try:
-        build_library(list(unique.values()), staged, target=tgt)
+        shutil.copyfile(built, staged)
     except BaseException:
         staged.unlink(missing_ok=True)
         raise
     return staged
-
-
-def _package_checked(model_path: Path, graph: Graph, fused: list, library: Path | None, tgt: Target,
-                     options: OptimizeOptions, progress: Progress):
-    """The model and staged library to ship, after the shipped check (select/shipped.py) has run
-    them against the original and fallen back the groups that made them differ."""
-
-    def package(kept):  # the model and its staged library (rebuilt in place) for the groups kept
-        staged = _build_library([k for _, k in kept], library, tgt) if kept else None
-        return (package_model(graph, kept, library.name, tgt.name) if kept else graph.model), staged
-
-    packaged, staged = package(fused)
-    try:
-        if not options.verify:
-            return packaged, staged, ShippedCheck(packaged, staged, summary={"checked": False, "why": "--no-verify"})
-        shipped = check_shipped(model_path, fused, package, packaged, staged, options.inputs, progress.note)
-    except BaseException:
-        if staged:
-            staged.unlink(missing_ok=True)
-        raise
-    if staged and shipped.library is None:  # every group fell back: no library ships
-        staged.unlink(missing_ok=True)
-    return shipped.model, shipped.library, shipped
-
-
-def _stage_model(model: onnx.ModelProto, out_path: Path) -> list[tuple[Path, Path]]:
-    """Write the model (and its external data when too large for one protobuf) to temp files."""
-    staged = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
-    pairs = []
-    try:
-        if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
-            data_name = f"{out_path.name}.data"
-            staged_data = out_path.with_name(f".{data_name}.{os.getpid()}.tmp")
-            onnx.save_model(model, str(staged), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=staged_data.name, size_threshold=1024)
-            # The model must name the final data file, not the staging one.
-            reloaded = onnx.load(str(staged), load_external_data=False)
-            for t in reloaded.graph.initializer:
-                for entry in t.external_data:
-                    if entry.key == "location":
-                        entry.value = data_name
-            staged.write_bytes(reloaded.SerializeToString(deterministic=True))
-            pairs.append((staged_data, out_path.with_name(data_name)))
-        else:
-            staged.write_bytes(model.SerializeToString(deterministic=True))
-        pairs.append((staged, out_path))
-    except BaseException:
-        for tmp, _ in pairs + [(staged, out_path)]:
-            tmp.unlink(missing_ok=True)
-        raise
-    return pairs
-
-

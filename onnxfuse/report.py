@@ -7,7 +7,7 @@ from collections import Counter
 from .fusion.plan import FusionPlan
 
 
-def _ops_summary(op_types: tuple[str, ...], limit: int = 8) -> str:
+def ops_summary(op_types: tuple[str, ...], limit: int = 8) -> str:
     counts = Counter(op_types)
     parts = [f"{op}×{n}" if n > 1 else op for op, n in counts.most_common()]
     return ", ".join(parts[:limit]) + (f", … ({len(parts) - limit} more kinds)" if len(parts) > limit else "")
@@ -25,12 +25,12 @@ def format_plan(model_name: str, plan: FusionPlan) -> str:
         reuse = (f"; {len(g.reuse)} values read by several ops (up to {max(g.reuse.values())}×), "
                  f"{g.materialised(plan.options.max_duplication)} computed once by the duplication bound"
                  if g.reuse else "")
-        lines.append(f"  {g.name}: {len(g.node_indices)} ops [{_ops_summary(g.op_types)}] "
+        lines.append(f"  {g.name}: {len(g.node_indices)} ops [{ops_summary(g.op_types)}] "
                      f"nodes {_ranges(g.node_indices)} → {', '.join(g.outputs)}{reuse}")
     if plan.unfused:
         lines.append("  unfused:")
         for u in plan.unfused:
-            lines.append(f"    #{u.node_index} {u.op_type}: {u.reason}")
+            lines.append(f"    {u.where} {u.op_type}: {u.reason}")
     return "\n".join(lines)
 
 
@@ -61,7 +61,7 @@ def format_measured_groups(report: dict) -> str:
               "GFLOP/s", "% peak", "bound", "used"]
     rows = []
     for g in report["groups"]:
-        ops = f"{g['size']} [{_ops_summary(tuple(g['op_types']), limit=3)}]"
+        ops = f"{g['size']} [{ops_summary(tuple(g['op_types']), limit=3)}]"
         for m in g.get("measured", []):
             compute = ([f"{m['kernel_gflops']:.1f}", f"{m['gemm_peak_pct']:.1f}", f"{m['ratio_bound']:.2f}×"]
                        if "gemm_peak_pct" in m else ["", "", ""])

@@ -26,6 +26,13 @@ from .errors import UsageError
 
 TARGET_NAMES = ("portable", "native", "x86_64", "aarch64")
 DEFAULT_TARGET = "portable"
+TARGET_ENV = "ONNXFUSE_TARGET"
+"""Names the target when the caller does not: a build farm that serves on its own CPUs (or a test
+suite that needs no portability) says `native` once, instead of on every command."""
+
+
+def default_target_name() -> str:
+    return os.environ.get(TARGET_ENV) or DEFAULT_TARGET
 
 
 @dataclass(frozen=True)
@@ -138,9 +145,11 @@ def host_triple(machine: str | None = None, target_name: str = "native") -> str:
     return triple
 
 
-def resolve_target(name: str = DEFAULT_TARGET, mcpu: str | None = None, mattr: str | None = None) -> Target:
-    """The target `name` (see the module docstring). With `mcpu` or `mattr`: one level, that CPU.
+def resolve_target(name: str | None = None, mcpu: str | None = None, mattr: str | None = None) -> Target:
+    """The target `name` (default: $ONNXFUSE_TARGET, else portable; see the module docstring).
+    With `mcpu` or `mattr`: one level, that CPU.
     A CPU or feature LLVM does not know for the target is a usage error (check_cpu_and_features)."""
+    name = name or default_target_name()
     extra = tuple(a.strip() for a in mattr.split(",") if a.strip()) if mattr else ()
     if name in ("portable", "native"):
         triple, cc = host_triple(target_name=name), default_cc()

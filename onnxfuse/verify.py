@@ -9,7 +9,16 @@ import numpy as np
 import onnxruntime as ort
 
 from .errors import ModelLoadError, OnnxfuseError, first_line
-from .measure.inputs import random_feeds_for_session
+from .frontend.validate import validate_model_file
+from .measure.inputs import (
+    check_dim_names,
+    index_limits,
+    load_inputs,
+    load_model_skeleton,
+    model_inputs,
+    random_feeds_for_session,
+    resize_inputs,
+)
 from .session import InferenceSession, quiet_session_options
 
 
@@ -26,6 +35,13 @@ class VerifyResult:
     runs: int
     outputs: list[OutputComparison]
 
+    def to_json(self) -> dict:
+        """The verdict `onnxfuse verify --json` prints."""
+        worst = self.worst
+        return {"ok": self.ok, "runs": self.runs, "worst": worst.name if worst else None,
+                "outputs": [{"name": o.name, "ok": o.ok, "max_abs_error": _finite(o.max_abs_error),
+                             "max_rel_error": _finite(o.max_rel_error)} for o in self.outputs]}
+
     @property
     def ok(self) -> bool:
         return all(o.ok for o in self.outputs)
@@ -33,6 +49,11 @@ class VerifyResult:
     @property
     def worst(self) -> OutputComparison:
         return max(self.outputs, key=lambda o: (not o.ok, o.max_abs_error))
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no inf: a shape or dtype mismatch (error inf) is null."""
+    return x if np.isfinite(x) else None
 
 
 NORM_RTOL = 1e-5
@@ -70,31 +91,54 @@ def verify_models(
     dims: dict[str, int] | None = None,
     norm_rtol: float = NORM_RTOL,
 ) -> VerifyResult:
-    try:
-        reference = ort.InferenceSession(str(original), quiet_session_options(), providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        raise ModelLoadError(f"{original}: onnxruntime cannot load it ({first_line(exc)})") from None
-    try:
-        candidate = InferenceSession(str(fused), quiet_session_options(), providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        raise ModelLoadError(f"{fused}: onnxruntime cannot load it ({first_line(exc)})") from None
+    """Run `original` and `fused` under onnxruntime on the same inputs and compare output by output.
 
-    feed_sets = [dict(np.load(inputs))] if inputs else [
-        random_feeds_for_session(reference, dims, default_dim=d, seed=k)
-        for k, d in zip(range(runs), [1, 3, 7, 2, 5, 4, 6, 8])
-    ]
-    worst: dict[str, OutputComparison] = {}
+    inputs: an .npz of feeds (one run), resized along the dimensions `dims` names; otherwise `runs`
+    random input sets, symbolic dims taking 1, 3, 7, ... unless `dims` names them, integers used as
+    Gather indices spanning the gathered axis (measure/inputs.py). An output matches when
+    |fused - original| <= atol + rtol·|original| + norm_rtol·max|original| everywhere.
+    The two sessions are open one after the other, so a large model is in memory once.
+
+        >>> check = onnxfuse.verify_models("model.onnx", "out/model.fused.onnx", dims={"N": 8})
+        >>> check.ok, check.worst.name, check.worst.max_abs_error
+    """
+    validate_model_file(original, allow_onnxfuse_output=True)
+    validate_model_file(fused, allow_onnxfuse_output=True)
+    specs = model_inputs(original)
+    check_dim_names(specs, dims or {})
+    reference = _open(ort.InferenceSession, original)
+    if inputs:
+        feed_sets = [resize_inputs(load_inputs(inputs, specs), specs, dims=dims)]
+    else:
+        limits = index_limits(load_model_skeleton(original))
+        feed_sets = [random_feeds_for_session(reference, dims, default_dim=d, seed=k, index_limits=limits)
+                     for k, d in zip(range(runs), [1, 3, 7, 2, 5, 4, 6, 8])]
+    names = [meta.name for meta in reference.get_outputs()]
+    expected_sets = []
     for feeds in feed_sets:
         try:
-            expected = reference.run(None, feeds)
+            expected_sets.append(reference.run(None, feeds))
         except Exception as exc:
             raise OnnxfuseError(
                 f"the original model fails on these inputs ({first_line(exc, 160)}); pass --inputs FILE.npz"
             ) from None
+    del reference
+    candidate = _open(InferenceSession, fused)
+    worst: dict[str, OutputComparison] = {}
+    for feeds, expected in zip(feed_sets, expected_sets):
         actual = candidate.run(None, feeds)
-        for meta, e, a in zip(reference.get_outputs(), expected, actual):
-            cmp = compare_arrays(meta.name, np.asarray(e), np.asarray(a), rtol, atol, norm_rtol)
-            before = worst.get(meta.name)
+        for name, e, a in zip(names, expected, actual):
+            cmp = compare_arrays(name, np.asarray(e), np.asarray(a), rtol, atol, norm_rtol)
+            before = worst.get(name)
             if before is None or (not cmp.ok, cmp.max_abs_error) > (not before.ok, before.max_abs_error):
-                worst[meta.name] = cmp
+                worst[name] = cmp
     return VerifyResult(len(feed_sets), list(worst.values()))
+
+
+def _open(session_type, path):
+    try:
+        return session_type(str(path), quiet_session_options(), providers=["CPUExecutionProvider"])
+    except OnnxfuseError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"{path}: onnxruntime cannot load it ({first_line(exc)})") from None

@@ -3,6 +3,7 @@ an original and its fused model side by side in onnxruntime."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,9 +12,14 @@ import pytest
 
 import onnxfuse
 from onnxfuse.session import quiet_session_options
+from onnxfuse.target import TARGET_ENV
 from onnxfuse.verify import compare_arrays
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
+
+# Tests build for this machine only (one ISA level: a third of the compile time of `portable`);
+# the tests of portability itself (test_portable_*.py) name their target.
+os.environ[TARGET_ENV] = "native"
 
 
 @pytest.fixture(scope="session")

@@ -11,9 +11,9 @@ import onnxruntime as ort
 from frontend_helpers import as_exported
 from onnx import TensorProto, helper
 from onnx_builder import const_i64, model, node, weights
-from onnxfuse.optimize import optimize
 
 import onnxfuse
+from onnxfuse import optimize
 from onnxfuse.frontend.loader import load_model
 from onnxfuse.fusion.plan import plan_fusion
 from onnxfuse.verify import quiet_session_options

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cell_forms import GRU_FORMS, LSTM_FORMS, gru_cell, lstm_cell
 from onnx_builder import const_i64, model, node, weights
 
 from onnxfuse.frontend.loader import load_model
@@ -404,3 +405,85 @@ def test_nodes_that_read_only_constants_are_left_to_onnxruntime():
     assert groups(m, canonical=False) == [{"mm", "y"}]
     why = reasons(m, canonical=False)
     assert "reads only constants" in why["wt"] and "reads only constants" in why["w"]
+
+
+# --- cells as exporters write them (tests/cell_forms.py) ----------------------------------------
+
+@pytest.mark.parametrize("form", sorted(LSTM_FORMS))
+def test_lstm_cell_is_one_group(form):
+    m, cell = lstm_cell(**LSTM_FORMS[form])
+    assert groups(m) == [cell]
+
+
+@pytest.mark.parametrize("form", sorted(GRU_FORMS))
+def test_gru_cell_is_one_group(form):
+    m, cell = gru_cell(**GRU_FORMS[form])
+    assert groups(m) == [cell]
+
+
+def test_without_view_prologues_the_state_reads_stay_out():
+    """h's Gather feeds only the GEMM, c's only the gates: an anchored group takes neither
+    injective op by TVM's rules."""
+    m, cell = lstm_cell(state_in="gather", state_out="stacked")
+    assert groups(m, view_prologues=False) == [cell - {"h", "c"}]
+    assert "cannot take it" in reasons(m, view_prologues=False)["h"]
+
+
+def test_state_read_joins_only_an_anchored_group_that_reads_it():
+    """A constant index on an outer axis reads whole rows in place; on the last axis it would
+    read one element per row, a strided gather: it stays out."""
+    def gemm_of(axis: int):
+        state = {0: (2, 4, 8), 1: (4, 2, 8), 2: (4, 8, 2)}[axis]
+        return model(
+            [node("Gather", ["state", "zero"], "h", axis=axis), node("MatMul", ["h", "w"], "mm"),
+             node("Relu", ["mm"], "y")],
+            {"state": state}, {"y": (4, 8)}, {"zero": np.array(0, np.int64), "w": weights(8, 8)},
+        )
+    assert groups(gemm_of(0)) == [{"h", "mm", "y"}]
+    assert groups(gemm_of(1)) == [{"h", "mm", "y"}]
+    assert groups(gemm_of(2)) == [{"mm", "y"}]
+
+
+def test_gemm_between_an_anchor_and_its_post_dominator_joins_it():
+    """GRU with linear_before_reset=0: W_hn (r * h) lies inside the cell. Without the rule the
+    cell falls into four groups."""
+    m, cell = gru_cell(linear_before_reset=0)
+    assert groups(m) == [cell]
+    assert len(groups(m, enclosed_gemms=False)) == 4
+
+
+def test_gemm_by_weights_computed_at_run_time_is_not_enclosed():
+    """Only a GEMM by constant weights is row-local (row i of its output needs row i of its
+    input): a run-time weight may mix rows, so the cell stays cut around it."""
+    m, cell = gru_cell(linear_before_reset=0)
+    w_hn = next(i for i in m.graph.initializer if i.name == "w_hn")
+    m.graph.initializer.remove(w_hn)
+    m.graph.input.append(helper_tensor("w_hn", list(w_hn.dims)))
+    assert len(groups(m)) > 1
+
+
+def helper_tensor(name, dims):
+    from onnx import TensorProto, helper
+
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
+
+
+def test_anchor_whose_post_dominator_is_a_gemm_stays_apart_from_it():
+    """Anchors in sequence (an MLP) stay apart even when the second GEMM is row-local."""
+    m = model(
+        [node("MatMul", ["x", "w1"], "m1"), node("Relu", ["m1"], "r"),
+         node("MatMul", ["r", "w2"], "m2"), node("Relu", ["m2"], "y")],
+        X, {"y": (4, 8)}, {"w1": weights(8, 8), "w2": weights(8, 8)},
+    )
+    assert groups(m) == [{"m1", "r"}, {"m2", "y"}]
+
+
+def test_gemms_enclosed_by_a_layernorm_stay_apart():
+    """LayerNorm → FFN → residual Add: the LayerNorm's post-dominator lies past both GEMMs, but
+    only a GEMM encloses GEMMs (one kernel for a whole FFN block is unmeasured)."""
+    m = model(
+        [node("LayerNormalization", ["x", "g", "b"], "ln", axis=-1), node("MatMul", ["ln", "w1"], "m1"),
+         node("Relu", ["m1"], "r"), node("MatMul", ["r", "w2"], "m2"), node("Add", ["m2", "ln"], "y")],
+        X, {"y": (4, 8)}, {"g": weights(8), "b": weights(8), "w1": weights(8, 16), "w2": weights(16, 8)},
+    )
+    assert groups(m) == [{"m1", "r"}, {"m2", "y"}]

@@ -322,8 +322,9 @@ def test_large_output_is_written_with_external_data(tmp_path, cache, monkeypatch
 def test_auto_selection_leaves_convolutions_to_onnxruntime(tmp_path, cache):
     source = MODELS / "conv_block.onnx"
     result = optimize(source, tmp_path / "c.fused.onnx", cache_dir=cache, jobs=1)
-    for group in result.report["groups"]:
-        assert group["status"] == "fallback" and group["reason"].startswith("auto: onnxruntime's Conv")
+    assert [g["op_types"] for g in result.report["groups"]] == [["Add", "Relu"]]  # the residual epilogue
+    convs = [u for u in result.report["unfused"] if u["op_type"] == "Conv"]
+    assert len(convs) == 2 and all(u["reason"].startswith("opaque: auto: onnxruntime's Conv") for u in convs)
     expected, actual = run_both(source, result.model_path, random_inputs(source, 2))
     assert_outputs_match(expected, actual)
 

@@ -42,11 +42,12 @@ CPUS = {"Nehalem": "x86-64", "Haswell": "x86-64-v3"}
 
 @pytest.fixture(scope="module")
 def portable(tmp_path_factory, cache):
-    """Each model of MODELS_UNDER_QEMU optimized with the default target: name → (fused, library)."""
+    """Each model of MODELS_UNDER_QEMU optimized for the portable target: name → (fused, library)."""
     out = tmp_path_factory.mktemp("portable")
     built = {}
     for name, _ in MODELS_UNDER_QEMU:
-        result = optimize(MODELS / f"{name}.onnx", out / f"{name}.fused.onnx", cache_dir=cache, jobs=1)
+        result = optimize(MODELS / f"{name}.onnx", out / f"{name}.fused.onnx", target="portable", cache_dir=cache,
+                          jobs=1)
         assert result.report["groups_fallback"] == 0, result.report["groups"]
         built[name] = (result.model_path, result.library_path)
     return built
@@ -73,7 +74,7 @@ def assert_matches(report: dict, rtol=1e-4, atol=1e-5):
 
 @x86_only
 def test_portable_is_the_default_and_builds_three_x86_levels_each_with_its_own_register_file():
-    target = resolve_target()
+    target = resolve_target("portable")
     assert target.name == "portable"
     assert [level.name for level in target.levels] == ["x86-64-v4", "x86-64-v3", "x86-64"]
     registers = [register_file.for_target(target.tvm_target(level)) for level in target.levels]
@@ -115,12 +116,12 @@ def test_each_level_has_its_table_and_cpu_check():
 @x86_only
 def test_this_machine_runs_its_best_level_and_every_level_matches_onnxruntime(portable):
     original, (fused, library) = MODELS / "lstm_cell.onnx", portable["lstm_cell"]
-    best = next(level.name for level in resolve_target().levels
+    best = next(level.name for level in resolve_target("portable").levels
                 if all(_host_has(feature) for feature in level.requires))
     assert probe(None, original, fused, library, (1, 37))["level"] == best
     if _host_has("avx512f"):
         assert best == "x86-64-v4"  # an AVX-512 build host keeps running its AVX-512 kernels
-    for level in resolve_target().levels:
+    for level in resolve_target("portable").levels:
         if all(_host_has(feature) for feature in level.requires):
             report = probe(None, original, fused, library, (1, 9, 37), env={"ONNXFUSE_ISA_LEVEL": level.name})
             assert report["level"] == level.name

@@ -16,7 +16,7 @@ from test_optimize import MODELS
 
 from onnxfuse.codegen import register_file
 from onnxfuse.errors import UsageError
-from onnxfuse.target import host_triple, resolve_target
+from onnxfuse.target import TARGET_ENV, host_triple, resolve_target
 
 
 @pytest.mark.parametrize("machine, triple", [
@@ -75,3 +75,11 @@ def test_a_cpu_or_feature_llvm_does_not_know_is_a_usage_error(args, message, tmp
 def test_known_cpus_and_features_resolve(name, mcpu, mattr, expected):
     target = resolve_target(name, mcpu, mattr)
     assert (target.mcpu, target.mattr) == expected
+
+
+def test_the_default_target_is_portable_unless_the_environment_names_another(monkeypatch):
+    monkeypatch.delenv(TARGET_ENV, raising=False)
+    assert resolve_target().name == "portable"
+    monkeypatch.setenv(TARGET_ENV, "native")
+    assert resolve_target().name == "native" and len(resolve_target().levels) == 1
+    assert resolve_target("portable").name == "portable"  # a named target wins

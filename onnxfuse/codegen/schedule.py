@@ -221,6 +221,8 @@ def tile_rows(sch, stats: ScheduleStats, row_elements: int, small_batch: bool = 
     outputs = _sink_outputs(sch)
     if not outputs or not sch.get_loops(outputs[0]):
         return None
+    for block_rv in outputs:
+        _batch_loop_first(sch, stats, block_rv)
     extent = sch.get(sch.get_loops(outputs[0])[0]).extent
     batch = _static(extent)
     rows = choose_tile_rows(batch, row_elements, any(_is_gemm(sch.get(b)) for b in _blocks(sch)), small_batch)
@@ -244,6 +246,18 @@ def tile_rows(sch, stats: ScheduleStats, row_elements: int, small_batch: bool = 
         else:
             anchors = anchors[:1]
     return anchors, tile_loops[0], batch
+
+
+def _batch_loop_first(sch, stats: ScheduleStats, block_rv) -> None:
+    """An output whose first axis is static and a later one symbolic (a cell's state stacked as
+    [2, N, H]) gets its batch loop outermost, so the row tiles run over the batch: tiled over
+    the two stacked halves instead, the cell's GEMMs ran 0.66x onnxruntime at batch 64."""
+    loops = list(sch.get_loops(block_rv))
+    if not loops or _static(sch.get(loops[0]).extent) is None:
+        return
+    batch = next((lp for lp in loops if _static(sch.get(lp).extent) is None), None)
+    if batch is not None:
+        _try(stats, "batch loop first", lambda: sch.reorder(batch, *[lp for lp in loops if lp != batch]))
 
 
 def _same_extent(a, b) -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import numpy_helper
 
 from ..errors import CompileError, first_line, short_reason
 from ..kernel_spec import DerivedDim, GroupKernel, KernelSpec
@@ -26,13 +27,16 @@ from ..session import quiet_session_options
 from ..target import resolve_target
 from ..verify import compare_arrays
 from .compile import compile_group
+from .recurrent import compile_recurrent, is_recurrent_group
 
 GROUP_RTOL, GROUP_ATOL = 1e-3, 1e-4
 
 
 def compile_one(model_bytes: bytes, name: str, target_args: tuple, build_dir: str, verify: bool,
-                max_duplication: int = 1):
-    """Compile and verify one group (runs in a worker process). Never raises for a bad group."""
+                max_duplication: int = 1, weights: dict[str, np.ndarray] | None = None):
+    """Compile and verify one group (runs in a worker process). Never raises for a bad group.
+    `weights`: values for the model's inputs that are weights (kernel_identity.py), which the
+    kernel is verified with."""
     started = time.perf_counter()
     group_model = onnx.load_from_string(model_bytes)
     try:
@@ -40,12 +44,15 @@ def compile_one(model_bytes: bytes, name: str, target_args: tuple, build_dir: st
         out_dir = Path(build_dir) / name
         out_dir.mkdir(parents=True, exist_ok=True)
         with native_stderr_captured() as messages:
-            compiled = compile_group(group_model, name, tgt, out_dir, max_duplication=max_duplication)
+            if is_recurrent_group(group_model):
+                compiled = compile_recurrent(group_model, name, tgt, out_dir)
+            else:
+                compiled = compile_group(group_model, name, tgt, out_dir, max_duplication=max_duplication)
         info: dict = {"stats": _jsonable(compiled.stats)}
         if messages:
             info["tvm_messages"] = messages
         if verify and tgt.name != "aarch64":
-            info["verify"] = verify_kernel(compiled, group_model)
+            info["verify"] = verify_kernel(compiled, group_model, weights or {})
         kernel = GroupKernel(compiled.spec, tuple(compiled.arg_sources), dict(compiled.extra_weights))
         return kernel, info, None, time.perf_counter() - started
     except CompileError as exc:
@@ -79,10 +86,13 @@ def native_stderr_captured():
             messages.extend(dict.fromkeys(line.split("] ", 1)[-1].strip() for line in text.splitlines() if line.strip()))
 
 
-def verify_kernel(compiled, group_model: onnx.ModelProto) -> dict:
-    """Run the kernel and onnxruntime on the same random inputs; a mismatch is a CompileError."""
+def verify_kernel(compiled, group_model: onnx.ModelProto, weights: dict[str, np.ndarray] | None = None) -> dict:
+    """Run the kernel and onnxruntime on the same random inputs (and the given weights); a
+    mismatch is a CompileError."""
+    weights = weights or {}
     try:
-        session = ort.InferenceSession(group_model.SerializeToString(), quiet_session_options(),
+        session = ort.InferenceSession(_with_initializers(group_model, weights).SerializeToString(),
+                                       quiet_session_options(),
                                        providers=["CPUExecutionProvider"])
     except Exception as exc:
         raise CompileError(f"verify: onnxruntime cannot run this group as a reference ({first_line(exc)})") from None
@@ -96,13 +106,26 @@ def verify_kernel(compiled, group_model: onnx.ModelProto) -> dict:
             expected = session.run(None, feeds)
         except Exception as exc:
             return {"checked": False, "why": f"reference rejects random inputs: {first_line(exc, 120)}"}
-        actual = compiled.run(feeds)
+        actual = compiled.run({**feeds, **weights})
         for meta, e, a in zip(session.get_outputs(), expected, actual):
             cmp = compare_arrays(meta.name, np.asarray(e), np.asarray(a), GROUP_RTOL, GROUP_ATOL)
             if not cmp.ok:
                 raise CompileError(f"verify: output {meta.name} differs from onnxruntime (max abs error {cmp.max_abs_error:.3g})")
             worst = max(worst, cmp.max_abs_error)
     return {"checked": True, "max_abs_error": worst}
+
+
+def _with_initializers(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """The model with the inputs named in `weights` turned back into initializers."""
+    if not weights:
+        return model
+    whole = onnx.ModelProto()
+    whole.CopyFrom(model)
+    kept = [v for v in whole.graph.input if v.name not in weights]
+    del whole.graph.input[:]
+    whole.graph.input.extend(kept)
+    whole.graph.initializer.extend(numpy_helper.from_array(array, name) for name, array in weights.items())
+    return whole
 
 
 def _whole_multiples(spec: KernelSpec, dim: int) -> dict[str, int]:

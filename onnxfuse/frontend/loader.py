@@ -16,6 +16,7 @@ from onnx import external_data_helper, helper
 from ..errors import ModelLoadError, first_line
 from ..ir import Dim, Graph, Node, Value
 from .canonicalize import canonicalize
+from .validate import read_model_header
 
 
 def load_model(source: str | os.PathLike | onnx.ModelProto, canonical: bool = True) -> Graph:
@@ -29,7 +30,7 @@ def load_model(source: str | os.PathLike | onnx.ModelProto, canonical: bool = Tr
         model = canonicalize(model) if canonical else model
         return build_graph(model, _infer_shapes(model))
     path = Path(source)
-    model = _read_without_external_data(path)
+    model = read_model_header(path)
     _check_is_model(model, path)
     model = canonicalize(model) if canonical else model
     # Infer before the external data comes in: a >2 GB proto cannot be serialized for inference.
@@ -40,15 +41,6 @@ def load_model(source: str | os.PathLike | onnx.ModelProto, canonical: bool = Tr
         except Exception as exc:
             raise ModelLoadError(f"{path}: cannot read its external data ({first_line(exc)})") from None
     return build_graph(model, inferred)
-
-
-def _read_without_external_data(path: Path) -> onnx.ModelProto:
-    if not path.is_file():
-        raise ModelLoadError(f"{path}: no such file")
-    try:
-        return onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # protobuf's DecodeError and friends
-        raise ModelLoadError(f"{path}: not a readable ONNX model ({first_line(exc)})") from None
 
 
 def _has_external_data(model: onnx.ModelProto) -> bool:
@@ -76,10 +68,16 @@ def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
     return None
 
 
-def build_graph(model: onnx.ModelProto, inferred: onnx.ModelProto | None = None) -> Graph:
-    """Make the DAG: values with producers/consumers, types from `inferred` where known."""
+def build_graph(model: onnx.ModelProto, inferred: onnx.ModelProto | None = None,
+                outer: dict[str, Value] | None = None) -> Graph:
+    """Make the DAG: values with producers/consumers, types from `inferred` where known.
+
+    `outer`: for a subgraph body, the values of its enclosing scopes (see `_build_bodies`)."""
     g = model.graph
     values: dict[str, Value] = {}
+    captures = sorted(_captured_names([g])) if outer is not None else []
+    for name in captures:
+        values[name] = _captured(name, outer)
 
     def value(name: str) -> Value:
         if name not in values:
@@ -122,7 +120,7 @@ def build_graph(model: onnx.ModelProto, inferred: onnx.ModelProto | None = None)
             if not out:
                 continue
             v = value(out)
-            if v.producer is not None or v.is_graph_input or v.initializer is not None:
+            if v.producer is not None or v.is_graph_input or v.initializer is not None or out in captures:
                 raise ModelLoadError(f"value {out!r} is defined twice (second time by {node.label})")
             v.producer = index
         nodes.append(node)
@@ -146,12 +144,56 @@ def build_graph(model: onnx.ModelProto, inferred: onnx.ModelProto | None = None)
 
     inputs = [vi.name for vi in g.input if values[vi.name].initializer is None]
     opsets = {(op.domain if op.domain != "ai.onnx" else ""): op.version for op in model.opset_import}
-    graph = Graph(model=model, nodes=nodes, values=values, inputs=inputs, outputs=outputs, opsets=opsets)
+    graph = Graph(model=model, nodes=nodes, values=values, inputs=inputs, outputs=outputs, opsets=opsets,
+                  captures=captures)
     try:
         graph.topological_order  # noqa: B018 - validates acyclicity once, here
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from None
+    _build_bodies(graph, inferred, {**(outer or {}), **values})
     return graph
+
+
+def _captured(name: str, outer: dict[str, Value]) -> Value:
+    """A body's view of an enclosing scope's value: typed as outside, a constant if it is one,
+    else read like a graph input. Unknown outside (an enclosing scope not shown to us): untyped."""
+    seen = outer.get(name)
+    if seen is None:
+        return Value(name, is_graph_input=True)
+    return Value(name, seen.dtype, seen.shape, is_graph_input=seen.initializer is None,
+                 initializer=seen.initializer)
+
+
+def _build_bodies(graph: Graph, inferred: onnx.ModelProto | None, scope: dict[str, Value]) -> None:
+    """Each graph attribute of each node becomes a Graph of its own (`Node.bodies`), with the
+    types onnx's inference gave inside it. A body that cannot be read is left out: its owner
+    runs as it is, unplanned."""
+    inferred_nodes = list(inferred.graph.node) if inferred is not None else []
+    for node, proto in zip(graph.nodes, graph.model.graph.node):
+        if not node.has_subgraph:
+            continue
+        twin = inferred_nodes[node.index] if node.index < len(inferred_nodes) else None
+        if twin is not None and twin.op_type != proto.op_type:
+            twin = None
+        inferred_bodies = {a.name: a.g for a in twin.attribute if a.type == onnx.AttributeProto.GRAPH} if twin else {}
+        for attr in proto.attribute:
+            if attr.type != onnx.AttributeProto.GRAPH:
+                continue
+            body = _as_model(attr.g, graph.model)
+            body_inferred = _as_model(inferred_bodies[attr.name], graph.model) if attr.name in inferred_bodies else None
+            try:
+                node.bodies[attr.name] = build_graph(body, body_inferred, scope)
+            except ModelLoadError:
+                continue
+
+
+def _as_model(body: onnx.GraphProto, owner: onnx.ModelProto) -> onnx.ModelProto:
+    """A body wrapped as a model of its owner's IR version and opsets, so that every pass after
+    the loader reads a body exactly as it reads a model."""
+    model = onnx.ModelProto(ir_version=owner.ir_version)
+    model.opset_import.extend(owner.opset_import)
+    model.graph.CopyFrom(body)
+    return model
 
 
 def _set_type(v: Value, vi: onnx.ValueInfoProto, only_if_missing: bool = False) -> None:

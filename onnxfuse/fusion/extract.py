@@ -18,6 +18,8 @@ from .plan import FusedGroup
 
 
 def extract_group(graph: Graph, group: FusedGroup) -> onnx.ModelProto:
+    """`graph`: the model's; a group inside a subgraph body is cut out of that body."""
+    graph = graph.scope(group.scope)
     members = [graph.nodes[i] for i in group.node_indices]
     protos = [_copy(graph.model.graph.node[n.index]) for n in members]
     initializers: dict[str, onnx.TensorProto] = {}

@@ -36,6 +36,8 @@ class FusionNode:
     outputs: list[Edge] = field(default_factory=list)
     exports: bool = False  # produces a graph output
     keeps_rows: bool = False  # a reduction that keeps the first (batch) axis: it reduces within rows
+    is_view: bool = False  # its output is a block of whole rows of its input (selects_whole_rows)
+    row_local: bool = False  # a GEMM by constant weights (is_row_local_gemm)
 
 
 @dataclass
@@ -109,7 +111,65 @@ def reduces_within_rows(node: Node, graph: Graph) -> bool:
     return all(0 < (int(a) % rank) for a in axes)
 
 
-def build_forward_graph(graph: Graph) -> ForwardGraph:
+def selects_whole_rows(node: Node, graph: Graph) -> bool:
+    """Whether the node's output is a block of its input at constant offsets, the innermost axis
+    whole: `Gather` of a constant scalar index, or a step-1 `Slice`, on any axis but the last;
+    `Squeeze`, `Unsqueeze`, `Identity`. How exporters read h and c out of a stacked state
+    [2, N, H], or step t's input x[:, t] out of [N, T, I]. A kernel reads such a value in place,
+    as contiguous rows at an offset: as an anchor's operand it costs nothing, so it may join the
+    anchor's group (partition: view prologues)."""
+    if node.op_type in ("Squeeze", "Unsqueeze", "Identity"):
+        return True
+    data = graph.value(node.inputs[0])
+    rank = len(data.shape) if data.shape is not None else None
+    if rank is None or rank < 2:
+        return False
+    if node.op_type == "Gather":
+        index = graph.constant(node.inputs[1]) if len(node.inputs) > 1 else None
+        return index is not None and index.ndim == 0 and node.attributes.get("axis", 0) % rank != rank - 1
+    if node.op_type == "Slice":
+        return _slices_outer_axes(node, graph, rank)
+    return False
+
+
+def _slices_outer_axes(node: Node, graph: Graph, rank: int) -> bool:
+    def constant(position: int):
+        if position >= len(node.inputs) or not node.inputs[position]:
+            return None
+        value = graph.constant(node.inputs[position])
+        return [int(v) for v in value.reshape(-1)] if value is not None else False
+
+    if "starts" in node.attributes:  # opset < 10: attributes
+        axes = list(node.attributes.get("axes", range(len(node.attributes["starts"]))))
+        steps = None
+    else:
+        starts, ends, axes, steps = constant(1), constant(2), constant(3), constant(4)
+        if False in (starts, ends, axes, steps):
+            return False
+        axes = axes if axes is not None else list(range(len(starts)))
+    outer = all(a % rank != rank - 1 for a in axes)
+    return outer and (steps is None or all(s == 1 for s in steps))
+
+
+def is_row_local_gemm(node: Node, graph: Graph) -> bool:
+    """A MatMul or Gemm of a run-time A by constant weights (and a constant or no bias): row i of
+    its output needs row i of A only, so a row-tiled kernel computes it tile by tile, like an
+    elementwise op. What lets a GRU cell's W_hn (r * h) (linear_before_reset=0) stay inside the
+    cell's kernel (partition: enclosed GEMMs)."""
+    if node.op_type not in ("MatMul", "Gemm") or len(node.inputs) < 2:
+        return False
+    a, b = graph.value(node.inputs[0]), graph.value(node.inputs[1])
+    if not b.is_constant or b.shape is None or len(b.shape) != 2 or a.shape is None or len(a.shape) < 2:
+        return False
+    if node.op_type == "Gemm":
+        bias = node.inputs[2] if len(node.inputs) > 2 else ""
+        return not node.attributes.get("transA", 0) and (not bias or graph.value(bias).is_constant)
+    return True
+
+
+def build_forward_graph(graph: Graph, enclosed_gemms: bool = True) -> ForwardGraph:
+    """enclosed_gemms: the edge into a row-local GEMM counts as elementwise for the epilogue
+    pattern, so an anchor's epilogue may run around it (partition: enclosed GEMMs)."""
     order = graph.topological_order
     nodes: list[FusionNode] = []
     for pos, index in enumerate(order):
@@ -117,11 +177,14 @@ def build_forward_graph(graph: Graph) -> ForwardGraph:
         kind, reason = classify(node, graph)
         info = op_info(node.op_type, node.domain)
         epilogue_kind = OpKind.ELEMWISE if (info and info.epilogue_safe and kind != OpKind.OPAQUE) else kind
+        row_local = kind == OpKind.OUT_EWISE_FUSABLE and is_row_local_gemm(node, graph)
         exports = any(o and graph.value(o).is_graph_output for o in node.outputs)
         keeps_rows = kind == OpKind.COMM_REDUCE and reduces_within_rows(node, graph)
-        nodes.append(FusionNode(pos, node, kind, epilogue_kind, reason, exports=exports, keeps_rows=keeps_rows))
+        is_view = kind == OpKind.INJECTIVE and selects_whole_rows(node, graph)
+        nodes.append(FusionNode(pos, node, kind, epilogue_kind, reason, exports=exports, keeps_rows=keeps_rows,
+                                is_view=is_view, row_local=row_local))
     fg = ForwardGraph(nodes, graph)
-    _add_edges(fg)
+    _add_edges(fg, enclosed_gemms)
     _mark_constant_computations(fg)
     _mark_shape_computations(fg)
     return fg
@@ -187,7 +250,7 @@ def _feeds_static(fg: ForwardGraph, producer: FusionNode, consumer_pos: int) -> 
     return bool(uses) and all(p in static for p in uses)
 
 
-def _add_edges(fg: ForwardGraph) -> None:
+def _add_edges(fg: ForwardGraph, enclosed_gemms: bool) -> None:
     graph = fg.graph
     for consumer in fg.nodes:
         node = consumer.node
@@ -207,6 +270,8 @@ def _add_edges(fg: ForwardGraph) -> None:
                 same_shape = value.shape is not None and value.shape == out_shape and None not in value.shape
                 if pattern == OpKind.BROADCAST and same_shape:
                     pattern = epilogue = OpKind.ELEMWISE
+                if enclosed_gemms and consumer.row_local:
+                    epilogue = OpKind.ELEMWISE
             src = fg.pos(value.producer)
             if src in edges:
                 old_p, old_e = edges[src]

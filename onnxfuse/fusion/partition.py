@@ -11,6 +11,15 @@ Beyond TVM (each switchable in `FusionOptions`):
   MatMul -> Split -> gates -> Mul/Add is one group;
 - multi-anchor: a second anchor may join a group that already has one when they meet at an
   elementwise sink (the two MatMuls of a GRU/LSTM cell);
+- view prologues: an op that selects whole rows of its input at a constant offset (h and c
+  gathered out of a stacked state, forward_graph.selects_whole_rows) joins the anchored group
+  that reads it;
+- enclosed GEMMs: a GEMM by constant weights (row-local: row i of its output needs row i of
+  its input only) that lies *between* another such GEMM and that GEMM's post-dominator joins
+  their group (a GRU cell's W_hn (r * h) with linear_before_reset=0; the steps of an unrolled
+  cell loop). Anchors in sequence, where the later one is the post-dominator itself (an MLP),
+  still stay apart as in TVM, and so does a transformer's LayerNorm → FFN → residual Add (its
+  enclosing anchor is a LayerNorm: one kernel for it is unmeasured);
 - injective into reduce: injective chains may end in a reduction (a tree ensemble's leaf gather
   feeding its mean over trees);
 - row reductions: a reduction that keeps the batch axis takes its elementwise and broadcast
@@ -41,6 +50,8 @@ class FusionOptions:
     multi_anchor: bool = True
     injective_into_reduce: bool = True
     row_reductions: bool = True
+    view_prologues: bool = True
+    enclosed_gemms: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_depth", "max_inputs", "max_duplication"):
@@ -52,9 +63,12 @@ class FusionOptions:
 class Group:
     pattern: OpKind  # TVM's group pattern: the root op's, raised when an anchor joins
     epilogue: OpKind  # the max epilogue kind over members
+    epilogue_around: OpKind  # the same with row-local GEMMs left out: what an enclosing anchor passes
     members: list[int] = field(default_factory=list)
     anchored: bool = False
     keeps_rows: bool = True  # every reduction in the group keeps the batch axis
+    view: bool = False  # every member selects whole rows of its input (a state read)
+    gemm_anchored: bool = True  # every anchor in it is a row-local GEMM (none counts)
     parent: Group | None = None
 
     def root(self) -> Group:
@@ -70,8 +84,10 @@ class Partitioner:
     def __init__(self, fg: ForwardGraph, tree: list[DomNode], options: FusionOptions):
         self.fg, self.tree, self.options = fg, tree, options
         self.groups = [
-            Group(n.kind, n.epilogue_kind, [n.pos], anchored=n.kind == OpKind.OUT_EWISE_FUSABLE,
-                  keeps_rows=n.kind != OpKind.COMM_REDUCE or n.keeps_rows)
+            Group(n.kind, n.epilogue_kind, OpKind.ELEMWISE if n.row_local else n.epilogue_kind, [n.pos],
+                  anchored=n.kind == OpKind.OUT_EWISE_FUSABLE,
+                  keeps_rows=n.kind != OpKind.COMM_REDUCE or n.keeps_rows, view=n.is_view,
+                  gemm_anchored=n.kind != OpKind.OUT_EWISE_FUSABLE or n.row_local)
             for n in fg.nodes
         ]
         self.reasons: dict[int, str] = {}
@@ -108,6 +124,10 @@ class Partitioner:
             self._fuse_row_reduction(pos, sink)
 
     def _fuse_anchor(self, pos: int, sink: int, dom: DomNode) -> None:
+        if self.fg.nodes[sink].kind == OpKind.OUT_EWISE_FUSABLE:
+            self.reasons[pos] = (f"{self._op(pos)}'s post-dominator {self._label(sink)} is another anchor: "
+                                 f"anchors in sequence stay apart")
+            return
         edge = dom.epilogue if self.options.split_fanout else dom.pattern
         if edge != OpKind.ELEMWISE:
             self.reasons[pos] = (
@@ -116,11 +136,14 @@ class Partitioner:
             )
             return
         sink_root = self.groups[sink].root()
+        encloses = self.options.enclosed_gemms and self.groups[pos].root().gemm_anchored
 
         def allowed(root: Group, is_sink: bool) -> bool:
             kind = root.epilogue if self.options.split_fanout else combine(root.pattern, root.epilogue)
             if kind <= OpKind.BROADCAST:
                 return True
+            if encloses and not is_sink and root.gemm_anchored and root.epilogue_around <= OpKind.BROADCAST:
+                return True  # a row-local GEMM between a GEMM and its post-dominator
             return self.options.multi_anchor and root is sink_root and root.anchored
         self._fuse_if_path(pos, sink, allowed)
 
@@ -141,10 +164,14 @@ class Partitioner:
 
     def _fuse_injective(self, pos: int, sink: int) -> None:
         into_reduce = self.options.injective_into_reduce
+        sink_root = self.groups[sink].root()
+        view = self.options.view_prologues and self.groups[pos].root().view
 
         def allowed(root: Group, is_sink: bool) -> bool:
             if root.pattern <= OpKind.INJECTIVE:
                 return True
+            if view and root is sink_root and root.anchored:
+                return True  # a state read: its readers are all in the anchored group already
             return is_sink and into_reduce and root.pattern == OpKind.COMM_REDUCE and not root.anchored
         self._fuse_if_path(pos, sink, allowed)
 
@@ -211,7 +238,10 @@ class Partitioner:
         child.members = []
         child.parent = parent
         parent.epilogue = combine(parent.epilogue, child.epilogue)
+        parent.epilogue_around = combine(parent.epilogue_around, child.epilogue_around)
         parent.keeps_rows = parent.keeps_rows and child.keeps_rows
+        parent.view = parent.view and child.view
+        parent.gemm_anchored = parent.gemm_anchored and child.gemm_anchored
         if child.pattern == OpKind.COMM_REDUCE and not child.anchored:  # a row reduction's group
             parent.pattern = combine(parent.pattern, child.pattern)
         if child.anchored:

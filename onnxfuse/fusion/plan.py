@@ -3,15 +3,21 @@
 `plan_fusion` is the whole analysis (forward graph → post-dominator tree → partition); the plan it
 returns speaks only in terms of the user's model (indices into `graph.node`), so it can be printed,
 serialised, and handed to code generation without exposing the analysis internals.
+
+If branches and Loop/Scan bodies are planned the same way, each as a graph of its own (a body's
+body too): their groups carry the body's path as `scope` (`If_3/then_branch`), index that body's
+`node` list, and are named `If_3/then_branch/group_0`. A body reads its enclosing scopes' values
+by name, so a group in it simply has them among its inputs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..ir import Graph
-from ..ops import OpKind
-from .forward_graph import build_forward_graph
+from ..ops import OpKind, compiled_alone
+from .forward_graph import _make_opaque, build_forward_graph
 from .partition import FusionOptions, Partitioner
 from .postdom import post_dominator_tree
 
@@ -28,6 +34,8 @@ class FusedGroup:
     """Values produced inside the group and read by several of its nodes → how many readers.
     Re-emitting such a producer into each reader is what blows up deep tree chains; the code
     generator computes each of them once (bounded by its duplication limit)."""
+    scope: str = ""
+    """"" in the model's graph; else the path of the subgraph body it lives in (ir.Graph.scopes)."""
 
     def materialised(self, max_duplication: int) -> int:
         """How many reused values the duplication bound makes the kernel compute once."""
@@ -44,6 +52,8 @@ class FusedGroup:
             "reused_values": len(self.reuse),
             "max_reuse": max(self.reuse.values(), default=0),
         }
+        if self.scope:
+            out["scope"] = self.scope
         if max_duplication is not None:
             out["materialised_values"] = self.materialised(max_duplication)
         return out
@@ -54,9 +64,16 @@ class UnfusedNode:
     node_index: int
     op_type: str
     reason: str
+    scope: str = ""  # as FusedGroup.scope
+
+    @property
+    def where(self) -> str:
+        """`#5`, or `If_3/then_branch#5` inside a body."""
+        return f"{self.scope}#{self.node_index}"
 
     def to_json(self) -> dict:
-        return {"node_index": self.node_index, "op_type": self.op_type, "reason": self.reason}
+        out = {"node_index": self.node_index, "op_type": self.op_type, "reason": self.reason}
+        return {**out, "scope": self.scope} if self.scope else out
 
 
 @dataclass
@@ -64,11 +81,12 @@ class FusionPlan:
     groups: list[FusedGroup]
     unfused: list[UnfusedNode]
     options: FusionOptions
-    node_count: int
-    kinds: dict[int, OpKind] = field(default_factory=dict)  # node index → pattern kind
+    node_count: int  # in the model's graph and every body
+    kinds: dict[int, OpKind] = field(default_factory=dict)  # node index → pattern kind (model's graph)
 
     def group_of(self) -> dict[int, str]:
-        return {i: g.name for g in self.groups for i in g.node_indices}
+        """Node index → group name, in the model's graph."""
+        return {i: g.name for g in self.groups if not g.scope for i in g.node_indices}
 
     def options_json(self) -> dict:
         o = self.options
@@ -84,9 +102,37 @@ class FusionPlan:
         }
 
 
-def plan_fusion(graph: Graph, options: FusionOptions | None = None) -> FusionPlan:
+LeaveOut = Callable[[Graph], dict[int, str]]
+"""Nodes of one graph (by index) that must stay with onnxruntime, each with the reason."""
+
+
+def plan_fusion(graph: Graph, options: FusionOptions | None = None, leave_out: LeaveOut | None = None) -> FusionPlan:
+    """The plan of the model's graph, then of every subgraph body below it (see the module doc).
+
+    `leave_out`: nodes to plan as opaque, in every graph, so that no group holds them but their
+    neighbours still fuse among themselves (`--select auto` leaves convolutions to onnxruntime)."""
     options = options or FusionOptions()
-    fg = build_forward_graph(graph)
+    groups: list[FusedGroup] = []
+    unfused: list[UnfusedNode] = []
+    kinds: dict[int, OpKind] = {}
+    for scope, scope_graph in graph.scopes():
+        scope_groups, scope_unfused, scope_kinds = _plan_scope(scope_graph, scope, options, leave_out)
+        groups += scope_groups
+        unfused += scope_unfused
+        if not scope:
+            kinds = scope_kinds
+    node_count = sum(len(g.nodes) for _, g in graph.scopes())
+    return FusionPlan(groups, unfused, options, node_count, kinds)
+
+
+def _plan_scope(graph: Graph, scope: str, options: FusionOptions, leave_out: LeaveOut | None):
+    """Groups, unfused nodes and pattern kinds of one graph (the model's, or one body)."""
+    prefix = f"{scope}/" if scope else ""
+    fg = build_forward_graph(graph, options.enclosed_gemms)
+    if leave_out is not None:
+        reasons = leave_out(graph)
+        marked = [fnode.node.index in reasons for fnode in fg.nodes]
+        _make_opaque(fg, marked, lambda fnode: reasons[fnode.node.index])
     tree = post_dominator_tree(fg)
     partitioner = Partitioner(fg, tree, options)
     roots = partitioner.run()
@@ -99,26 +145,26 @@ def plan_fusion(graph: Graph, options: FusionOptions | None = None) -> FusionPla
     unfused: list[UnfusedNode] = []
     for positions in sorted(by_root.values(), key=lambda ps: ps[0]):
         nodes = [fg.nodes[p].node for p in sorted(positions)]
-        if len(nodes) == 1:
+        if len(nodes) == 1 and not compiled_alone(nodes[0].op_type, nodes[0].domain):
             pos = positions[0]
             reason = partitioner.reasons.get(pos, "nothing next to it could fuse with it")
-            unfused.append(UnfusedNode(nodes[0].index, nodes[0].op_type, reason))
+            unfused.append(UnfusedNode(nodes[0].index, nodes[0].op_type, reason, scope))
             continue
         inputs, outputs = _boundary(graph, nodes)
         groups.append(
             FusedGroup(
-                name=f"group_{len(groups)}",
+                name=f"{prefix}group_{len(groups)}",
                 node_indices=tuple(n.index for n in nodes),
                 op_types=tuple(n.op_type for n in nodes),
                 inputs=tuple(inputs),
                 outputs=tuple(outputs),
                 anchored=roots[positions[0]].anchored,
                 reuse=_reuse(graph, nodes),
+                scope=scope,
             )
         )
     unfused.sort(key=lambda u: u.node_index)
-    kinds = {fn.node.index: fn.kind for fn in fg.nodes}
-    return FusionPlan(groups, unfused, options, len(graph.nodes), kinds)
+    return groups, unfused, {fn.node.index: fn.kind for fn in fg.nodes}
 
 
 def _reuse(graph: Graph, nodes) -> dict[str, int]:

@@ -30,22 +30,43 @@ once and times run_with_iobinding, as a serving loop does (the model's time, not
 
 
 def ort_contender(name: str, model_path, feeds: dict[str, np.ndarray], threads: int,
-                  call_style: str = "iobinding") -> Contender:
-    """onnxruntime with all graph optimizations; loads an onnxfuse library if the model names one."""
+                  call_style: str = "iobinding", reference_outputs: list[str] | None = None) -> Contender:
+    """onnxruntime with all graph optimizations; loads an onnxfuse library if the model names one.
+
+    `feeds` are keyed by the original model's input names, in its order. A model whose inputs are
+    named otherwise (the same forest from another converter) takes them by position; so do its
+    outputs, renamed to `reference_outputs`, when it shares no output name with the original.
+    """
     if call_style not in CALL_STYLES:
         raise ValueError(f"call style must be one of {CALL_STYLES}, got {call_style!r}")
     options = timing_session_options(threads)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.inter_op_num_threads = 1
     session = InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    wanted = {i.name for i in session.get_inputs()}
-    own_feeds = {k: v for k, v in feeds.items() if k in wanted}
+    own_feeds = feeds_by_name_or_position([i.name for i in session.get_inputs()], feeds)
+    names = output_names([o.name for o in session.get_outputs()], reference_outputs)
     if call_style == "run":
         return Contender(name, lambda: session.run(None, own_feeds), lambda result: dict(zip(names, result)))
     binding = bound_io(session, own_feeds)
     return Contender(name, lambda: session.run_with_iobinding(binding),
                      lambda _: dict(zip(names, binding.copy_outputs_to_cpu())))
+
+
+def feeds_by_name_or_position(wanted: list[str], feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`feeds` for a model with inputs `wanted`: by name when it has them all, else by position."""
+    if all(name in feeds for name in wanted):
+        return {name: feeds[name] for name in wanted}
+    if len(wanted) == len(feeds):
+        return dict(zip(wanted, feeds.values()))
+    raise ValueError(f"its inputs {wanted} match the original's {list(feeds)} neither by name nor by count")
+
+
+def output_names(own: list[str], reference: list[str] | None) -> list[str]:
+    """Own output names, or the reference's by position when none is shared and the counts agree."""
+    if reference and not set(own) & set(reference) and len(own) == len(reference):
+        return list(reference)
+    return own
+
 
 def tvm_target():
     import tvm
@@ -53,8 +74,8 @@ def tvm_target():
     return tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
 
 
-def build_tvm(model_path, batch: int, library_path) -> float:
-    """TVM's own pipeline on the original model with the batch bound; returns build seconds."""
+def build_tvm(model_path, shapes: dict[str, list[int]], library_path) -> float:
+    """TVM's own pipeline on the original model with every input's shape bound; returns build seconds."""
     import tvm  # imported here: a bench without TVM contenders need not load it
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
@@ -62,7 +83,7 @@ def build_tvm(model_path, batch: int, library_path) -> float:
     specs = model_inputs(model_path)
     started = time.perf_counter()
     model = onnx.load(str(model_path))
-    mod = from_onnx(model, shape_dict={s.name: list(s.concrete(batch)) for s in specs},
+    mod = from_onnx(model, shape_dict={s.name: list(shapes[s.name]) for s in specs},
                     dtype_dict={s.name: s.dtype for s in specs})
     target = tvm_target()
     executable = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))

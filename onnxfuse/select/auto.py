@@ -1,15 +1,129 @@
-"""`--select auto`: leave to onnxruntime the groups whose ops it still runs much faster."""
+"""`--select auto`: leave to onnxruntime the ops it still runs much faster, and only those.
+
+Convolutions and pooling are planned as opaque (`leave_to_onnxruntime`, given to the planner), so
+they never take their epilogue down with them: a residual Add + Relu after a Conv still fuses
+into a kernel of its own. Two kinds of neighbours stay with onnxruntime too, because taking them
+out measured slower:
+
+- the epilogue onnxruntime folds into its own Conv kernel: BatchNormalization, an Add or Mul of
+  a constant, then one activation its fused Conv applies (Relu, Clip, Sigmoid, ...);
+- elementwise ops *between* convolutions (a SiLU from one Conv into the next): onnxruntime runs
+  such a chain in its blocked NCHWc layout, with SiLU as one QuickGelu and a residual Add inside
+  the Conv; a custom node there costs two layout conversions. mobilenet_tiny_ts with its three
+  SiLUs as kernels ran at 0.50x of onnxruntime at batch 64 (0.91x at batch 1), although each
+  SiLU kernel alone was 0.8-1.5x of onnxruntime's Sigmoid + Mul;
+- a reduction of a convolution's result (a global average pool written as ReduceMean), which
+  counts as a convolution for the rule above: mobilenet_tiny_dynamo's SiLU + ReduceMean kernel
+  took 0.18-0.33x of onnxruntime's time on its own, and the model ran at 0.66-0.82x with it.
+"""
 
 from __future__ import annotations
 
 from ..fusion.plan import FusedGroup
-from ..ops import uncompetitive_ops
+from ..ir import Graph, Node
+from ..ops import OpKind, op_info, uncompetitive_ops
+
+CONV_FOLDS = frozenset({"BatchNormalization", "Add", "Mul"})
+"""Ops onnxruntime folds into a Conv's weights or bias (an Add or Mul only of a constant)."""
+
+CONV_ACTIVATIONS = frozenset({"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid"})
+"""Activations onnxruntime's CPU Conv applies itself (its Conv + activation fusion)."""
+
+
+def _why(op_types) -> str:
+    return (f"auto: onnxruntime's {'/'.join(op_types)} is faster than our kernel today "
+            f"(--select all compiles it, --select measured times it)")
 
 
 def auto_rejects(group: FusedGroup) -> str | None:
     """Why `auto` leaves this group to onnxruntime, or None to compile it."""
     slow = uncompetitive_ops(group.op_types)
-    if not slow:
+    return _why(slow) if slow else None
+
+
+def leave_to_onnxruntime(graph: Graph) -> dict[int, str]:
+    """The nodes of `graph` that `auto` plans as opaque (by index), with the reason: the ops
+    onnxruntime runs much faster, and the epilogue it fuses into a Conv of its own."""
+    reasons: dict[int, str] = {}
+    for node in graph.nodes:
+        if not uncompetitive_ops([node.op_type]) or node.domain not in ("", "ai.onnx"):
+            continue
+        reasons[node.index] = _why([node.op_type])
+        if node.op_type == "Conv":
+            for follower in _conv_epilogue(graph, node):
+                reasons[follower.index] = (f"auto: onnxruntime fuses it into {node.label}, which it runs "
+                                           f"faster than our kernel")
+    convolutions = set(reasons)
+    after = _elementwise_reach(graph, convolutions, graph.successors)
+    for index in _reductions_of(graph, convolutions | after):
+        reasons[index] = ("auto: a reduction of a convolution's result: onnxruntime's is faster than our "
+                          "kernel today")
+        convolutions.add(index)
+    after = _elementwise_reach(graph, convolutions, graph.successors)
+    before = _elementwise_reach(graph, convolutions, graph.predecessors)
+    for index in sorted(after & before):
+        reasons[index] = ("auto: elementwise between convolutions, which onnxruntime runs in its blocked "
+                          "layout; a kernel here would cost two layout conversions")
+    return reasons
+
+
+def _reductions_of(graph: Graph, producers: set[int]) -> list[int]:
+    """Reductions that read a value of one of `producers`."""
+    return [i for p in producers for i in graph.successors(p)
+            if (info := op_info(graph.nodes[i].op_type, graph.nodes[i].domain)) and info.kind == OpKind.COMM_REDUCE]
+
+
+def _elementwise_reach(graph: Graph, sources: set[int], step) -> set[int]:
+    """Elementwise and broadcast nodes reached from `sources` through such nodes only, following
+    `step` (successors: downstream; predecessors: upstream)."""
+    reached: set[int] = set()
+    frontier = [n for s in sources for n in step(s)]
+    while frontier:
+        index = frontier.pop()
+        if index in reached or index in sources or not _is_elementwise(graph.nodes[index]):
+            continue
+        reached.add(index)
+        frontier.extend(step(index))
+    return reached
+
+
+def _is_elementwise(node: Node) -> bool:
+    info = op_info(node.op_type, node.domain)
+    return info is not None and info.kind <= OpKind.BROADCAST
+
+
+def _conv_epilogue(graph: Graph, conv: Node) -> list[Node]:
+    """The chain after `conv` that onnxruntime fuses into its Conv kernel: folds, then at most
+    one activation, each the only reader of the value before it."""
+    chain: list[Node] = []
+    current = conv
+    while True:
+        follower = _only_reader(graph, current)
+        if follower is None:
+            return chain
+        if follower.op_type in CONV_ACTIVATIONS:
+            return [*chain, follower]
+        if follower.op_type not in CONV_FOLDS or not _folds_into_conv(graph, follower, current):
+            return chain
+        chain.append(follower)
+        current = follower
+
+
+def _only_reader(graph: Graph, node: Node) -> Node | None:
+    """The one node reading `node`'s only output, once, when that output is not a graph output."""
+    outputs = [o for o in node.outputs if o]
+    if len(outputs) != 1 or graph.value(outputs[0]).is_graph_output:
         return None
-    return (f"auto: onnxruntime's {'/'.join(slow)} is faster than our kernel today "
-            f"(--select all compiles it, --select measured times it)")
+    readers = graph.value(outputs[0]).consumers
+    if len(readers) != 1:
+        return None
+    reader = graph.nodes[readers[0]]
+    return reader if reader.domain in ("", "ai.onnx") else None
+
+
+def _folds_into_conv(graph: Graph, node: Node, producer: Node) -> bool:
+    """BatchNormalization with constant statistics, or Add/Mul whose other operand is a constant."""
+    others = [name for name in node.inputs if name and name not in producer.outputs]
+    if node.op_type == "BatchNormalization":
+        return all(graph.value(name).is_constant for name in others)
+    return len(others) == 1 and graph.value(others[0]).is_constant

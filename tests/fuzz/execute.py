@@ -1,0 +1,205 @@
+"""Run components of an original and a fused model in onnxruntime, in a child process, and compare.
+
+`run_cases` is the parent's side: it starts `python -m fuzz.execute JOB RESULTS` and reads one
+JSON line per event back. A kernel that segfaults or aborts kills only the child: the case it was
+running is recorded as a crash and a new child carries on with the rest.
+Each case is one component, cut out of both models (graphs.prune), so an input that makes one
+component raise in onnxruntime leaves the others' comparisons intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .compare import EXACT_OPS, compare_output, largest_magnitude
+from .graphs import prune
+
+TESTS_DIR = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Case:
+    """One component to check: its output names and the input sets to run it on."""
+    id: str
+    outputs: list[str]
+    feeds: list[dict[str, np.ndarray]]
+
+
+@dataclass
+class Finding:
+    case: str
+    kind: str  # a compare.Verdict kind, "fused-raised", "missed-error" or "crash"
+    output: str = ""
+    input_set: int = -1
+    detail: str = ""
+
+    def to_json(self) -> dict:
+        return self.__dict__.copy()
+
+
+@dataclass
+class Job:
+    original: str  # model paths
+    fused: str
+    library: str | None
+    cases: list[Case] = field(default_factory=list)
+
+
+def exact_outputs(model: onnx.ModelProto) -> dict[str, bool]:
+    """Whether every op upstream of each graph output is IEEE-exact (compare.py, rule 2)."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    out = {}
+    for output in model.graph.output:
+        stack, seen, exact = [output.name], set(), True
+        while stack:
+            n = producers.get(stack.pop())
+            if n is None or id(n) in seen:
+                continue
+            seen.add(id(n))
+            exact &= n.op_type in EXACT_OPS
+            stack.extend(n.input)
+        out[output.name] = exact
+    return out
+
+
+def _nan_sensitive_outputs(model: onnx.ModelProto) -> dict[str, set[str]]:
+    """For each ReduceMax/ReduceMin input, the graph outputs downstream of that reduction."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    out: dict[str, set[str]] = {}
+    for output in model.graph.output:
+        stack, seen = [output.name], set()
+        while stack:
+            n = producers.get(stack.pop())
+            if n is None or id(n) in seen:
+                continue
+            seen.add(id(n))
+            if n.op_type in ("ReduceMax", "ReduceMin"):
+                out.setdefault(n.input[0], set()).add(output.name)
+            stack.extend(n.input)
+    return out
+
+
+def run_cases(job: Job, timeout: float = 600) -> list[Finding]:
+    """Every case of `job` checked in child processes; a crash costs one case, not the run."""
+    findings: list[Finding] = []
+    remaining = list(job.cases)
+    with tempfile.TemporaryDirectory(prefix="fuzz-exec-") as tmp:
+        while remaining:
+            job_path, results = Path(tmp) / "job.pkl", Path(tmp) / "results.jsonl"
+            job_path.write_bytes(pickle.dumps(Job(job.original, job.fused, job.library, remaining)))
+            results.unlink(missing_ok=True)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))}
+            try:
+                proc = subprocess.run([sys.executable, "-m", "fuzz.execute", str(job_path), str(results)], env=env,
+                                      capture_output=True, timeout=timeout)
+                code = proc.returncode
+            except subprocess.TimeoutExpired:
+                code = "timeout"
+            events = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+            done = {e["case"] for e in events if e["event"] == "done"}
+            findings += [Finding(**f) for e in events if e["event"] == "done" for f in e["findings"]]
+            if code == 0:
+                break
+            started = [e for e in events if e["event"] == "start"]
+            if not started or started[-1]["case"] in done:
+                raise RuntimeError(f"the fuzz runner failed outside any case (exit {code}): "
+                                   f"{proc.stderr.decode(errors='replace')[-2000:] if code != 'timeout' else ''}")
+            crashed = started[-1]
+            if crashed["side"] == "fused":
+                how = f"signal {signal.Signals(-code).name}" if isinstance(code, int) and code < 0 else f"exit {code}"
+                findings.append(Finding(crashed["case"], "crash", input_set=crashed["set"], detail=how))
+            remaining = [c for c in remaining if c.id not in done and c.id != crashed["case"]]
+    return findings
+
+
+# -- the child's side ----------------------------------------------------------------------------
+
+def _session(model: onnx.ModelProto, library: str | None, optimized: bool = True):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    if not optimized:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if library:
+        options.register_custom_ops_library(library)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _run(session, feeds):
+    try:
+        return session.run(None, feeds), None
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidArgument/RuntimeException types
+        return None, str(exc).strip().splitlines()[0][:200]
+
+
+def _check(case: Case, original: onnx.ModelProto, fused: onnx.ModelProto, library, emit) -> list[Finding]:
+    reference_model = prune(original, case.outputs)
+    exact = exact_outputs(reference_model)
+    reference = _session(reference_model, None)
+    emit({"event": "start", "case": case.id, "set": -1, "side": "fused"})
+    try:
+        compiled = _session(prune(fused, case.outputs), library)
+    except Exception as exc:
+        return [Finding(case.id, "fused-raised", detail=f"session: {str(exc).strip()[:200]}")]
+    nan_sensitive = _nan_sensitive_outputs(reference_model)
+    graph_inputs = {i.name for i in reference_model.graph.input}
+    computed = [v for v in nan_sensitive if v not in graph_inputs]
+    probe = _session(prune(reference_model, computed), None) if computed else None
+    findings = []
+    for number, feeds in enumerate(case.feeds):
+        emit({"event": "start", "case": case.id, "set": number, "side": "reference"})
+        expected, error = _run(reference, feeds)
+        if error is not None and "Fusion/" in error:
+            # onnxruntime's own graph rewrite failed (MatmulTransposeFusion raises on an empty batch:
+            # test_fuzz_slice.py pins it); the graph as written is the reference then.
+            expected, error = _run(_session(reference_model, None, optimized=False), feeds)
+        emit({"event": "start", "case": case.id, "set": number, "side": "fused"})
+        actual, fused_error = _run(compiled, feeds)
+        if error is not None and fused_error is None:
+            findings.append(Finding(case.id, "missed-error", input_set=number, detail=f"onnxruntime: {error}"))
+        elif error is None and fused_error is not None:
+            findings.append(Finding(case.id, "fused-raised", input_set=number, detail=fused_error))
+        elif error is None:
+            magnitude = largest_magnitude(list(feeds.values()))
+            skipped = set()
+            if nan_sensitive:  # compare.py, rule 5
+                probed = probe.run(None, {i.name: feeds[i.name] for i in probe.get_inputs()}) if probe else []
+                rows = {**feeds, **dict(zip(computed, probed))}
+                skipped = {o for value, outputs in nan_sensitive.items() if np.isnan(rows[value]).any() for o in outputs}
+            for name, e, a in zip(case.outputs, expected, actual):
+                if name in skipped:
+                    continue
+                verdict = compare_output(np.asarray(e), np.asarray(a), exact[name], magnitude)
+                if not verdict.ok:
+                    findings.append(Finding(case.id, verdict.kind, name, number, verdict.detail))
+    return findings
+
+
+def main(job_path: str, results_path: str) -> None:
+    job: Job = pickle.loads(Path(job_path).read_bytes())
+    original, fused = onnx.load(job.original), onnx.load(job.fused)
+    with open(results_path, "a") as out:
+        def emit(event):
+            out.write(json.dumps(event) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+
+        for case in job.cases:
+            findings = _check(case, original, fused, job.library, emit)
+            emit({"event": "done", "case": case.id, "findings": [f.to_json() for f in findings]})
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

@@ -1,0 +1,165 @@
+"""The regression corpus: minimised failing cases, `regressions/<name>.onnx` + `<name>.npz` (inputs).
+
+Cases come from the minimiser (a fuzzer finding) or from `HANDWRITTEN` (bugs reported before the
+fuzzer existed, each confirmed by it or by hand: the smallest graph that onnxfuse fuses and
+that shows the bug; `python -m fuzz.regressions` rewrites their files). known_bugs.py says
+which bug each case shows; test_fuzz_regressions.py runs them all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .graphs import OPSET
+
+DIRECTORY = Path(__file__).with_name("regressions")
+NAN, INF = np.nan, np.inf
+
+
+def save(name: str, model: onnx.ModelProto, feeds: dict[str, np.ndarray] | list[dict[str, np.ndarray]]) -> None:
+    """One input set is stored by input name; several (run in order, in one session) as `<i>:<name>`."""
+    DIRECTORY.mkdir(exist_ok=True)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, DIRECTORY / f"{name}.onnx")
+    arrays = feeds if isinstance(feeds, dict) else {f"{i}:{k}": v for i, f in enumerate(feeds) for k, v in f.items()}
+    np.savez(DIRECTORY / f"{name}.npz", **arrays)
+
+
+def load(name: str) -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:
+    """The model and its input sets."""
+    sets: dict[str, dict] = {}
+    with np.load(DIRECTORY / f"{name}.npz") as data:
+        for key in data.files:
+            number, _, input_name = key.rpartition(":")
+            sets.setdefault(number, {})[input_name] = data[key]
+    return onnx.load(DIRECTORY / f"{name}.onnx"), [sets[k] for k in sorted(sets, key=lambda k: int(k or 0))]
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in DIRECTORY.glob("*.onnx"))
+
+
+def rename(model: onnx.ModelProto, feed_sets: list[dict], prefix: str) -> tuple[onnx.ModelProto, list[dict]]:
+    """Every value, node and initializer name prefixed, so several cases fit in one model."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    for n in g.node:
+        n.name = prefix + n.name
+        n.input[:] = [prefix + i if i else i for i in n.input]
+        n.output[:] = [prefix + o for o in n.output]
+    for v in list(g.input) + list(g.output) + list(g.value_info) + list(g.initializer):
+        v.name = prefix + v.name
+    return m, [{prefix + k: v for k, v in feeds.items()} for feeds in feed_sets]
+
+
+# -- hand-written cases --------------------------------------------------------------------------
+
+def _model(nodes, inputs: dict, outputs: dict, inits: dict | None = None) -> onnx.ModelProto:
+    """inputs/outputs: name → (onnx elem type, shape)."""
+    graph = helper.make_graph(
+        [helper.make_node(op, ins, [out], name=out, **attrs) for op, ins, out, attrs in nodes], "regression",
+        [helper.make_tensor_value_info(k, t, s) for k, (t, s) in inputs.items()],
+        [helper.make_tensor_value_info(k, t, s) for k, (t, s) in outputs.items()],
+        [numpy_helper.from_array(v, k) for k, v in (inits or {}).items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=9)
+
+
+F16, F32, I64 = TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.INT64
+ROW = ("N", 4)
+
+
+def _row(*values, dtype=np.float32) -> np.ndarray:
+    return np.array([values], dtype)
+
+
+HANDWRITTEN = {
+    # (a + b) - b with a=1, b=1e8: onnxruntime 0 (1e8 + 1 rounds to 1e8), reassociated 1.
+    "reassociation-cancellation": lambda: (
+        _model([("Add", ["a", "b"], "s", {}), ("Sub", ["s", "b"], "y", {})], {"a": (F32, ROW), "b": (F32, ROW)},
+               {"y": (F32, ROW)}),
+        {"a": _row(1, 1, -1, 3), "b": _row(1e8, -1e8, 1e8, 1e9)}),
+    # a - (b + a) with a = b = 3e38: b + a overflows, so -inf; reassociated -b = -3e38.
+    "reassociation-overflow": lambda: (
+        _model([("Add", ["b", "a"], "s", {}), ("Sub", ["a", "s"], "y", {})], {"a": (F32, ROW), "b": (F32, ROW)},
+               {"y": (F32, ROW)}),
+        {"a": _row(3e38, -3e38, 3e38, 2e38), "b": _row(3e38, -3e38, 1e38, 3e38)}),
+    # n - n for n = -x: NaN where x is NaN or ±inf.
+    "sub-self-nan": lambda: (
+        _model([("Neg", ["x"], "n", {}), ("Sub", ["n", "n"], "y", {})], {"x": (F32, ROW)}, {"y": (F32, ROW)}),
+        {"x": _row(NAN, INF, -INF, 1)}),
+    # a * 0 + b: NaN where a is NaN or ±inf, b elsewhere.
+    "mul-zero-nan": lambda: (
+        _model([("Mul", ["a", "zero"], "z", {}), ("Add", ["z", "b"], "y", {})], {"a": (F32, ROW), "b": (F32, ROW)},
+               {"y": (F32, ROW)}, {"zero": np.array(0, np.float32)}),
+        {"a": _row(NAN, INF, -INF, 1), "b": _row(5, 5, 5, 5)}),
+    # -ReduceMin over a row of +inf is -inf, -ReduceMax over a row of -inf is +inf.
+    "reduce-minmax-inf-row": lambda: (
+        _model([("ReduceMin", ["x"], "lo", {"axes": [1], "keepdims": 1}), ("Neg", ["lo"], "y_min", {}),
+                ("ReduceMax", ["x"], "hi", {"axes": [1], "keepdims": 1}), ("Neg", ["hi"], "y_max", {})],
+               {"x": (F32, ROW)}, {"y_min": (F32, ("N", 1)), "y_max": (F32, ("N", 1))}),
+        {"x": np.array([[INF] * 4, [-INF] * 4, [INF, 1, 2, 3]], np.float32)}),
+    # (a * b) * a in float16: ONNX rounds the product to float16 before the second Mul (as
+    # onnxruntime does); a kernel that keeps it in float32 differs in the last bit, 70 of 256 here.
+    "float16-excess-precision": lambda: (
+        _model([("Mul", ["a", "b"], "m", {}), ("Mul", ["m", "a"], "y", {})], {"a": (F16, ROW), "b": (F16, ROW)},
+               {"y": (F16, ROW)}),
+        {k: np.random.default_rng(seed).standard_normal((64, 4)).astype(np.float16) for k, seed in (("a", 0), ("b", 1))}),
+    # GatherElements along an axis of size 1 with index -2 (or 1): out of range, so onnxruntime raises;
+    # along a wider axis the kernel's index check raises too, here it does not.
+    "gatherelements-axis-of-one": lambda: (
+        _model([("Tanh", ["x"], "t", {}), ("GatherElements", ["t", "i"], "y", {"axis": 1})],
+               {"x": (F32, ("N", 1)), "i": (I64, ("N", 3))}, {"y": (F32, ("N", 3))}),
+        {"x": np.ones((1, 1), np.float32), "i": np.array([[0, -2, 0]], np.int64)}),
+    # x * y + z: ONNX rounds the product before the sum (onnxruntime does); a fused multiply-add
+    # does not, and differs in the last bit (68 of 256 here).
+    "fma-contraction": lambda: (
+        _model([("Mul", ["x", "w"], "m", {}), ("Add", ["m", "z"], "y", {})],
+               {"x": (F32, ROW), "w": (F32, ROW), "z": (F32, ROW)}, {"y": (F32, ROW)}),
+        {k: (np.random.default_rng(seed).standard_normal((64, 4)) * 1000).astype(np.float32)
+         for k, seed in (("x", 0), ("w", 1), ("z", 2))}),
+    # A sum over the batch axis of an empty batch is 0; the kernel's row loop never runs and leaves
+    # the output as it was: after a batch of 3 summing to 32.4, a batch of 0 gives 32.4 again.
+    "reduce-empty-batch": lambda: (
+        _model([("Gather", ["table", "i"], "g", {"axis": 0}), ("ReduceSum", ["g", "axes"], "r", {"keepdims": 1}),
+                ("Neg", ["r"], "y", {})],
+               {"i": (I64, ("N", 3))}, {"y": (F32, (1, 1))},
+               {"table": np.array([-3.6, -8.36], np.float32), "axes": np.array([0, 1], np.int64)}),
+        [{"i": np.zeros((3, 3), np.int64)}, {"i": np.zeros((0, 3), np.int64)}]),
+    # 1 / Softplus(x) for x <= -20: Softplus is about exp(x) there (onnxruntime: 2.06e-9 at -20), but
+    # log(1 + exp(x)) rounds 1 + exp(x) to 1 and gives 0, so the reciprocal is inf.
+    "softplus-underflow": lambda: (
+        _model([("Softplus", ["x"], "s", {}), ("Reciprocal", ["s"], "y", {})], {"x": (F32, ROW)}, {"y": (F32, ROW)}),
+        {"x": _row(-20, -50, -84.85, 1)}),
+    # Clip without max: the spec's default max is the type's largest value, so +inf becomes 3.4e38
+    # (onnxruntime does; onnx's own reference evaluator leaves inf: test_fuzz_slice.py pins both).
+    "clip-default-max-inf": lambda: (
+        _model([("Clip", ["x", "lo"], "c", {}), ("Neg", ["c"], "y", {})], {"x": (F32, ROW)}, {"y": (F32, ROW)},
+               {"lo": np.array(-1, np.float32)}),
+        {"x": _row(INF, -INF, NAN, 3e38)}),
+    # Cast float → int64 of NaN, ±inf, 1e30: onnxruntime gives INT64_MIN (x86's "integer indefinite").
+    "cast-nan-int64": lambda: (
+        _model([("Neg", ["x"], "n", {}), ("Cast", ["n"], "i", {"to": I64}), ("Add", ["i", "one"], "y", {})],
+               {"x": (F32, ROW)}, {"y": (I64, ROW)}, {"one": np.array(1, np.int64)}),
+        {"x": _row(NAN, INF, -INF, -1e30)}),
+    # Gather by Cast(Floor(x)) with x = NaN: the index is INT64_MIN, out of range; onnxruntime raises.
+    "gather-nan-index": lambda: (
+        _model([("Floor", ["x"], "f", {}), ("Cast", ["f"], "i", {"to": I64}), ("Gather", ["table", "i"], "g", {"axis": 0}),
+                ("Neg", ["g"], "y", {})],
+               {"x": (F32, ROW)}, {"y": (F32, ROW)}, {"table": np.arange(5, dtype=np.float32)}),
+        {"x": _row(NAN, 1, 2, 3)}),
+}
+
+
+def write_handwritten() -> None:
+    for name, build in HANDWRITTEN.items():
+        save(name, *build())
+
+
+if __name__ == "__main__":
+    write_handwritten()
+    print("\n".join(names()))
