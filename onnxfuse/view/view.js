@@ -79,7 +79,8 @@
     const g = el("g", { class: `cluster ${isGroup ? "group" : "body"}` }, parent);
     if (isGroup) {
       g.dataset.group = name;
-      el("rect", { x, y, width: w, height: h, rx: 4, fill: groupFill(name, 90), stroke: groupStroke(name) }, g);
+      const rect = el("rect", { x, y, width: w, height: h, rx: 4, fill: groupFill(name, 90), stroke: groupStroke(name) }, g);
+      if (groups.get(name).status === "fallback") { g.classList.add("fell-back"); rect.setAttribute("stroke-dasharray", "6 3"); }
       const label = el("text", { x: x + 4, y: y + 11, class: "label" }, g);
       label.textContent = name;
       const fold = el("g", { class: "fold", transform: `translate(${x + w - 13},${y + 2})` }, g);
@@ -106,6 +107,7 @@
     if (kind === "group" || kind === "kernel") {
       rect.style.fill = groupFill(group, 78);
       rect.style.stroke = groupStroke(group);
+      if (groups.get(group).status === "fallback") { g.classList.add("fell-back"); rect.style.strokeDasharray = "6 3"; }
     } else if (kind === "fallback") {
       rect.style.fill = "#eceef2";
       rect.style.stroke = groupStroke(group);
