@@ -26,6 +26,18 @@ def chromium_path() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+BROWSER_OWN_HOSTS = ("clients2.google.com", "update.googleapis.com", "accounts.google.com")
+"""Where Chromium 156 goes on its own, whatever the page (its clock, component and account checks),
+even with the switches below; seen for an empty page too."""
+
+QUIET_SWITCHES = (
+    "--no-first-run", "--disable-sync", "--disable-background-networking", "--disable-component-update",
+    "--disable-default-apps", "--disable-extensions", "--metrics-recording-only", "--disable-domain-reliability",
+    "--disable-client-side-phishing-detection", "--disable-breakpad", "--no-pings",
+    "--disable-features=NetworkTimeServiceQuerying,Translate,OptimizationHints,MediaRouter",
+)
+
+
 class RequestLog:
     """A TCP listener standing in for a proxy: it records each connection's first line and closes it."""
 
@@ -48,6 +60,10 @@ class RequestLog:
                 except OSError:
                     self.requests.append("(connection without a request line)")
 
+    def page_requests(self) -> list[str]:
+        """The requests not among Chromium's own (BROWSER_OWN_HOSTS)."""
+        return [r for r in self.requests if not any(re.search(rf"[ /]{re.escape(h)}[:/ ]", r) for h in BROWSER_OWN_HOSTS)]
+
     def close(self) -> None:
         self._server.close()
 
@@ -55,9 +71,7 @@ class RequestLog:
 def run_chromium(url: str, profile: Path, proxy: RequestLog, *args: str, timeout: float = 180) -> str:
     """Chromium's stdout for `url` (e.g. the DOM with --dump-dom); its own background traffic is off."""
     command = [
-        chromium_path(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
-        "--disable-background-networking", "--disable-component-update", "--disable-default-apps",
-        "--disable-extensions", "--metrics-recording-only", f"--user-data-dir={profile}",
+        chromium_path(), "--headless", "--no-sandbox", "--disable-gpu", *QUIET_SWITCHES, f"--user-data-dir={profile}",
         f"--proxy-server=http://127.0.0.1:{proxy.port}", "--proxy-bypass-list=<-loopback>", *args, url,
     ]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)

@@ -480,6 +480,7 @@
       setView(graphName, collapsed);
       result.views[name] = {
         groups: [...new Set([...viewport.querySelectorAll(".cluster.group, .box.group, .box.kernel")].filter(visible).map((e) => e.dataset.group))],
+        kernels: [...viewport.querySelectorAll(".box.kernel")].filter(visible).map((e) => e.dataset.group),
         unfused: [...viewport.querySelectorAll(".box.unfused")].filter(visible).map((e) => e.dataset.id),
         boxes: viewport.querySelectorAll(".box").length,
       };
