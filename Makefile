@@ -5,14 +5,21 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   ?= models/lstm_cell.onnx
 
-.PHONY: install aarch64-deps test test-fast lint demo bench models clean fuzz
+.PHONY: install aarch64-deps view-deps test test-fast lint demo bench models clean fuzz
 
-install: $(STAMP) aarch64-deps
+install: $(STAMP) aarch64-deps view-deps
 
 # --target aarch64 and its qemu test: cross gcc, qemu-user, arm64 libonnxruntime (npm) in .cache/aarch64/.
 # A no-op (no apt-get update, no npm) when all are present.
 aarch64-deps:
 	@scripts/install-aarch64.sh
+
+# The HTML plan view (--html): graphviz lays it out, chromium runs its tests headless. Only what is
+# missing is installed; the package lists are refreshed only if the install needs it.
+view-deps:
+	@missing="$$(command -v dot >/dev/null || echo graphviz) $$(command -v chromium >/dev/null || echo chromium)"; \
+	  [ -z "$$(echo $$missing)" ] || apt-get install -y -qq $$missing || \
+	  (apt-get update -qq && apt-get install -y -qq $$missing)
 
 # System packages first (only what is missing), then the virtualenv with the project in it.
 $(STAMP): pyproject.toml

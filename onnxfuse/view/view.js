@@ -468,7 +468,13 @@
   window.addEventListener("resize", () => { state.vb.h = state.vb.w * svg.clientHeight / Math.max(1, svg.clientWidth); setViewBox(); });
 
   document.getElementById("title").textContent = `${dump.model} · ${graph.nodes.length} nodes · ${dump.groups.length} groups`;
-  setView("original", state.collapse);
+  // a link may open a view and select a group or node: page.html#view=plan&select=group_3
+  const linked = new URLSearchParams(location.hash.startsWith("#selftest") ? "" : location.hash.slice(1));
+  const views = { plan: ["original", false], collapsed: ["original", true], fused: ["fused", state.collapse] };
+  setView(...(views[linked.get("view")] || ["original", state.collapse]));
+  const target = linked.get("select");
+  const linkedSel = groups.has(target) ? { kind: "group", id: target } : nodes.has(target) ? { kind: "node", id: target } : null;
+  if (linkedSel) { select(linkedSel); centerOn(linkedSel); }
 
   // ---- test hook: `#selftest` records, for each view, which groups and unfused nodes are drawn,
   // then clicks the group named by `select=` and keeps the side panel's text (tests read the DOM).
