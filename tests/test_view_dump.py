@@ -82,7 +82,7 @@ def test_report_brings_each_groups_outcome(lstm_report):
     dump = inspect_json(MODELS / "lstm_cell.onnx", "--report", str(lstm_report))
     assert [g["name"] for g in dump["groups"]] == [g["name"] for g in report["groups"]]
     for mine, theirs in zip(dump["groups"], report["groups"]):
-        assert mine["status"] == theirs["status"] == "compiled"
+        assert mine["status"] == theirs["status"] and theirs["status"] in ("compiled", "cached")  # shared cache
         assert mine["kernel"] == theirs["kernel"] and mine["compile_seconds"] == theirs["compile_seconds"]
     assert dump["report"]["groups_compiled"] == report["groups_compiled"]
 

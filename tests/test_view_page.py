@@ -101,8 +101,11 @@ def test_cell_page_draws_everything_and_shows_the_groups_outcome(lstm, profile, 
 
 def test_corpus_page_draws_every_group_and_unfused_node(bert, profile, proxy):
     page, plan = bert
-    record, _ = selftest(page, profile, proxy, select="group_9", search="Softmax")
+    record, dom = selftest(page, profile, proxy, select="group_9", search="Softmax")
     check_everything_drawn(record, plan)
+    groups, _, unfused = expected_drawing(plan)  # the DOM as Chromium left it: the collapsed view
+    assert set(re.findall(r'<g class="box group[^"]*" data-id="[^"]*" data-group="([^"]+)"', dom)) == groups
+    assert set(re.findall(r'<g class="box unfused[^"]*" data-id="([^"]+)"', dom)) == unfused
     assert len(plan["groups"]) > 50 and len(plan["unfused"]) > 200
     assert record["views"]["plan"]["boxes"] >= plan["node_count"]  # every node, plus the model's inputs and outputs
     group = next(g for g in plan["groups"] if g["name"] == "group_9")

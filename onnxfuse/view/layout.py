@@ -40,8 +40,11 @@ def layout_scene(scene: Scene, program: str = "dot") -> dict:
     """{width, height, boxes: {id: [cx, cy, w, h]}, clusters: {name: [x, y, w, h]},
     edges: [[from, to, svg path, [x0, y0, x1, y1] of the arrow]]}."""
     source, names = dot_source(scene)
-    proc = subprocess.run([program, "-Tjson"], input=source, capture_output=True, text=True,
-                          timeout=DOT_TIMEOUT_SECONDS)
+    try:
+        proc = subprocess.run([program, "-Tjson"], input=source, capture_output=True, text=True,
+                              timeout=DOT_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"dot took over {DOT_TIMEOUT_SECONDS} s to lay out the {scene.name} view") from None
     if proc.returncode != 0:
         raise UsageError(f"dot could not lay out the {scene.name} view: {proc.stderr.strip()[:200]}")
     return parse_dot_json(json.loads(proc.stdout), names)
