@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -17,8 +17,7 @@ from onnxfuse.view.scenes import SCENES, build_scene, group_box_id
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 BRANCHY = MODELS / "exported" / "branchy_cell_ts.onnx"  # an If whose branches hold groups of their own
-needs_dot = pytest.mark.skipif(not any((Path(p) / "dot").exists() for p in os.environ["PATH"].split(os.pathsep)),
-                               reason="Graphviz `dot` is not installed (make install installs it)")
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` is not installed (make install installs it)")
 
 
 def run(*args: str):

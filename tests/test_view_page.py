@@ -6,6 +6,7 @@ from __future__ import annotations
 import colorsys
 import json
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -19,8 +20,10 @@ MODELS = Path(__file__).resolve().parent.parent / "models"
 BERT = MODELS / "exported" / "bert_tiny_12l_ts.onnx"  # the corpus's largest: 1,101 nodes as exported, 562 canonical
 BRANCHY = MODELS / "exported" / "branchy_cell_ts.onnx"  # groups inside If branches
 
-pytestmark = pytest.mark.skipif(chromium_path() is None,
-                                reason="chromium is not installed (`make install` installs the Debian package)")
+pytestmark = [
+    pytest.mark.skipif(chromium_path() is None, reason="chromium is not installed (`make install` installs the Debian package)"),
+    pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` is not installed (`make install` installs it)"),
+]
 
 
 def run(*args: str):
