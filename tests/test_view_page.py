@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from click.testing import CliRunner
 from headless_chromium import RequestLog, chromium_path, run_chromium, screenshot, selftest
+from onnx import TensorProto, helper, numpy_helper
 from onnxfuse_cli.main import main
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
@@ -117,6 +119,41 @@ def test_corpus_page_draws_every_group_and_unfused_node(bert, profile, proxy):
     assert f"ops\t{group['size']}: " in panel and all(name in panel for name in group["inputs"] + group["outputs"])
     softmax = sum(n["op_type"] == "Softmax" for n in plan["graph"]["nodes"])
     assert record["search"]["count"] == f"{softmax} matches" and record["search"]["marked"] > 0
+
+
+def thousand_node_model(path: Path) -> Path:
+    """40 branches of 10 × (MatMul, Relu, Shape, Reshape), summed: 1,639 nodes as written."""
+    nodes, weights, ends = [], [], []
+    rng = np.random.default_rng(0)
+    for b in range(40):
+        x = "X"
+        for k in range(10):
+            w = f"W{b}_{k}"
+            weights.append(numpy_helper.from_array(rng.random((16, 16), dtype=np.float32), w))
+            nodes += [helper.make_node("MatMul", [x, w], [f"m{b}_{k}"]), helper.make_node("Relu", [f"m{b}_{k}"], [f"r{b}_{k}"]),
+                      helper.make_node("Shape", [f"r{b}_{k}"], [f"s{b}_{k}"]),
+                      helper.make_node("Reshape", [f"r{b}_{k}", f"s{b}_{k}"], [f"y{b}_{k}"])]
+            x = f"y{b}_{k}"
+        ends.append(x)
+    total = ends[0]
+    for i, end in enumerate(ends[1:]):
+        nodes.append(helper.make_node("Add", [total, end], [f"sum{i}"]))
+        total = f"sum{i}"
+    graph = helper.make_graph(nodes, "branches", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 16])],
+                              [helper.make_tensor_value_info(total, TensorProto.FLOAT, ["N", 16])], weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_thousand_node_plan_opens_collapsed(tmp_path, profile, proxy):
+    model = thousand_node_model(tmp_path / "branches.onnx")
+    run("inspect", str(model), "--html", str(tmp_path / "branches.html"))
+    plan = json.loads(run("inspect", str(model), "--json").output)
+    assert plan["node_count"] > 1000
+    record, _ = selftest(tmp_path / "branches.html", profile, proxy, select="group_7")
+    check_everything_drawn(record, plan)
+    assert record["start"] == "collapsed" and record["views"]["collapsed"]["boxes"] < plan["node_count"] / 2
+    assert record["selected"] == {"kind": "group", "id": "group_7"}
 
 
 def test_bodies_groups_are_drawn(tmp_path, profile, proxy):

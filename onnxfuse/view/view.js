@@ -492,6 +492,7 @@
       };
     }
     setView("original", DATA.start_collapsed);
+    result.start = viewName();
     const target = params.get("select");
     if (target) {
       const d = drawnFor({ kind: "group", id: target });
