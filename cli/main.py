@@ -47,7 +47,7 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the plan and the whole graph as one JSON object (docs/view.md).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write the plan as one self-contained HTML page.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
-              help="An optimize report of MODEL: show its groups, their status, kernels and times.")
+              help="With --json or --html: the groups of this optimize report of MODEL, with status, kernel and times.")
 @clean_errors
 def inspect(model: str, max_depth: int, max_inputs: int, max_duplication: int, as_json: bool, html_path: str | None,
             report_path: str | None) -> None:
