@@ -4,6 +4,7 @@
     python benchmarks/run.py trees    # the 100-tree forest three ways; compile time against depth
     python benchmarks/run.py cells    # how far a fused recurrent cell can go: its MatMuls alone timed too
     python benchmarks/run.py repeat   # cold compile time against the number of repeated layers
+    python benchmarks/run.py peers    # models/ + the forest against IREE and OpenVINO (the bench extra), 1 thread
 
 Results go to benchmarks/results/ (JSON + a markdown table). Kernels are cached in
 .cache/bench-kernels, so a rerun compiles only what changed; generated models and fused outputs
@@ -40,6 +41,7 @@ from onnxfuse.bench import (  # noqa: E402
 )
 from onnxfuse.errors import OnnxfuseError  # noqa: E402
 from onnxfuse.measure.contenders import BASELINE, FUSED  # noqa: E402
+from onnxfuse.measure.peers import PEERS  # noqa: E402
 from onnxfuse.measure.roofline import copy_bandwidth_gbs  # noqa: E402
 from onnxfuse.report import (
     format_measured_groups,  # noqa: E402
@@ -57,12 +59,18 @@ TREE_ENSEMBLE_D8 = MODELS / "tree_ensemble_d8.onnx"
 TREE_PROGRAMS_D8 = ("tree_trav_d8", "perf_tree_trav_d8")
 
 # onnxfuse's promise is "never slower than onnxruntime": the benchmark shows it with --select measured.
+# IREE and OpenVINO (the bench extra) run beside them on models/ and the forest, not on the light CNNs.
 SMALL = BenchOptions(batches=(1, 64, 1000), threads=(1, 2), rounds=15, budget_seconds=6.0, cache_dir=str(KERNELS),
-                     select="measured")
+                     select="measured", peers=PEERS)
 LIGHT_OPTIONS = BenchOptions(batches=(1,), threads=(1,), rounds=7, budget_seconds=8.0, cache_dir=str(KERNELS),
                              select="measured")
 FOREST = BenchOptions(batches=(1, 1000, 10000), threads=(1,), rounds=11, budget_seconds=8.0, cache_dir=str(KERNELS),
-                      select="measured")
+                      select="measured", peers=PEERS)
+# `peers`: the same models at 1 thread against IREE and OpenVINO only (no TVM build: quicker).
+PEERS_SMALL = BenchOptions(batches=(1, 64, 1000), threads=(1,), rounds=15, budget_seconds=6.0, tvm=False,
+                           cache_dir=str(KERNELS), select="measured", peers=PEERS)
+PEERS_FOREST = BenchOptions(batches=(1, 1000, 10000), threads=(1,), rounds=11, budget_seconds=8.0, tvm=False,
+                            cache_dir=str(KERNELS), select="measured", peers=PEERS)
 # The recurrent cells once more through session.run (the default times IOBinding calls): what a
 # Python caller that passes numpy feeds sees, with its fixed 5-7 us per call in every contender.
 CELLS = ("lstm_gate", "lstm_cell", "gru_cell")
@@ -145,11 +153,65 @@ def run_models() -> dict:
     notes = notes_text(results)
     rooflines = "\n\n".join(f"{cell} (bench --groups):\n{format_measured_groups(report)}"
                             for cell, report in groups.items() if "groups" in report)
-    tables = [format_table(results), format_compile_table(results), notes, rooflines]
-    markdown = [format_table(results, markdown=True), format_compile_table(results, markdown=True), notes,
-                f"```\n{rooflines}\n```"]
+    tables = [format_table(results), peers_table(results), format_compile_table(results), notes, rooflines]
+    markdown = [format_table(results, markdown=True), peers_table(results, markdown=True),
+                format_compile_table(results, markdown=True), notes, f"```\n{rooflines}\n```"]
     write_results("latest", report, tables, markdown, seconds, failures)
     return report
+
+
+def run_peers() -> dict:
+    """models/ and the 100-tree forest at 1 thread: onnxruntime, onnxfuse, IREE, OpenVINO."""
+    started = time.perf_counter()
+    results, failures = [], []
+    for path in sorted(MODELS.glob("*.onnx")):
+        if path != TREE_ENSEMBLE_D8:
+            bench_one(path, PEERS_SMALL, results, failures)
+    forest = benchmark_forest_models()
+    for name in ("tree_trav_100x8", "perf_tree_trav_100x8"):
+        bench_one(forest[name], PEERS_FOREST, results, failures)
+    seconds = time.perf_counter() - started
+    report = report_json(results, PEERS_SMALL, {"sets": {"models/": PEERS_SMALL.__dict__,
+                                                         "forest 100x8": PEERS_FOREST.__dict__},
+                                                "failures": failures, "seconds": round(seconds, 1)})
+    notes = notes_text(results)
+    tables = [format_table(results), peers_table(results), format_compile_table(results), notes]
+    markdown = [format_table(results, markdown=True), peers_table(results, markdown=True),
+                format_compile_table(results, markdown=True), notes]
+    write_results("peers", report, tables, markdown, seconds, failures)
+    return report
+
+
+def peers_table(results, markdown: bool = False) -> str:
+    """Per model, batch and thread count where a peer ran: each one's speedup over onnxruntime, and
+    onnxfuse's over the fastest peer (the ratio of their speedups) with the noise band of the two:
+    the wider of their p10-p90 spreads around the median."""
+    header = ["model", "batch", "thr", "onnxfuse ×", *(f"{p} ×" for p in PEERS), "onnxfuse vs fastest peer", "noise ±"]
+    rows = []
+    for r in results:
+        for run in r.runs:
+            c = run["contenders"]
+            if not any(p in c for p in PEERS):
+                continue
+            fused = c.get(FUSED, {})
+            timed = {p: c[p] for p in PEERS if "speedup" in c.get(p, {})}
+            fastest = max(timed, key=lambda p: timed[p]["speedup"], default=None)
+            versus, noise = "n/a", ""
+            if fastest and "speedup" in fused:
+                versus = f"{fused['speedup'] / timed[fastest]['speedup']:.2f}× ({fastest})"
+                noise = f"{max(_spread(fused), _spread(timed[fastest])):.0%}"
+            rows.append([r.name, run.get("label", str(run["batch"])), str(run["threads"]), _speedup(fused),
+                         *(_speedup(c.get(p, {})) for p in PEERS), versus, noise])
+    return render_table(header, rows, markdown)
+
+
+def _speedup(cell: dict) -> str:
+    return f"{cell['speedup']:.2f}" if "speedup" in cell else "n/a"
+
+
+def _spread(cell: dict) -> float:
+    """Half the p10-p90 range of a contender's round times, relative to its median."""
+    return (cell["p90_ms"] - cell["p10_ms"]) / (2 * cell["median_ms"]) if cell.get("median_ms") else 0.0
 
 
 def cell_groups(cell: str) -> dict:
@@ -397,9 +459,10 @@ def repeat_table(rows: list[dict], markdown: bool = False) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("which", choices=["models", "trees", "cells", "repeat"])
+    parser.add_argument("which", choices=["models", "trees", "cells", "repeat", "peers"])
     args = parser.parse_args(argv)
-    {"models": run_models, "trees": run_trees, "cells": run_cells, "repeat": run_repeat}[args.which]()
+    {"models": run_models, "trees": run_trees, "cells": run_cells, "repeat": run_repeat,
+     "peers": run_peers}[args.which]()
 
 
 if __name__ == "__main__":

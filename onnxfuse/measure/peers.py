@@ -15,6 +15,7 @@ for static shapes) and its own fastest call path from Python:
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 import time
@@ -99,10 +100,17 @@ def build_iree(model_path, shapes: dict[str, list[int]], vmfb_path) -> float:
 
 
 def _last_error_line(text: str) -> str:
-    """The line of a tool's output that says what went wrong (its first 'error:' line, else its last line)."""
+    """The line of a tool's output that says what went wrong: its first 'error:' line (without the
+    file:line:col before it, and the op's name instead of its IR with every attribute), else its last."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     errors = [ln for ln in lines if "error:" in ln]
-    return (errors[0] if errors else lines[-1] if lines else "no message")[:300]
+    if not errors:
+        return (lines[-1] if lines else "no message")[:300]
+    line = re.sub(r"^\S+:\d+:\d+: ", "", errors[0])
+    op = re.search(r'name = "(onnx\.\w+)"', line)
+    if op and ": %" in line:
+        line = f"{line[:line.index(': %')]}: {op.group(1)}"
+    return line[:300]
 
 
 def iree_contender(vmfb_path, model_path, feeds: dict[str, np.ndarray], threads: int) -> Contender:
