@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,10 +184,11 @@ def run_peers() -> dict:
 
 
 def peers_table(results, markdown: bool = False) -> str:
-    """Per model, batch and thread count where a peer ran: each one's speedup over onnxruntime, and
-    onnxfuse's over the fastest peer (the ratio of their speedups) with the noise band of the two:
-    the wider of their p10-p90 spreads around the median."""
-    header = ["model", "batch", "thr", "onnxfuse ×", *(f"{p} ×" for p in PEERS), "onnxfuse vs fastest peer", "noise ±"]
+    """Per run where a peer ran: each one's speedup over onnxruntime, then onnxfuse against each peer
+    paired round by round (the peer's time over onnxfuse's in the same round): median (p10-p90), and
+    `≥` where onnxfuse is ahead at the median, `≈` behind at the median but ahead in over 10% of the
+    rounds, `<` behind in nine rounds of ten or more."""
+    header = ["model", "batch", "thr", "onnxfuse ×", *(f"{p} ×" for p in PEERS), *(f"onnxfuse vs {p}" for p in PEERS)]
     rows = []
     for r in results:
         for run in r.runs:
@@ -194,24 +196,26 @@ def peers_table(results, markdown: bool = False) -> str:
             if not any(p in c for p in PEERS):
                 continue
             fused = c.get(FUSED, {})
-            timed = {p: c[p] for p in PEERS if "speedup" in c.get(p, {})}
-            fastest = max(timed, key=lambda p: timed[p]["speedup"], default=None)
-            versus, noise = "n/a", ""
-            if fastest and "speedup" in fused:
-                versus = f"{fused['speedup'] / timed[fastest]['speedup']:.2f}× ({fastest})"
-                noise = f"{max(_spread(fused), _spread(timed[fastest])):.0%}"
             rows.append([r.name, run.get("label", str(run["batch"])), str(run["threads"]), _speedup(fused),
-                         *(_speedup(c.get(p, {})) for p in PEERS), versus, noise])
+                         *(_speedup(c.get(p, {})) for p in PEERS), *(versus(fused, c.get(p, {})) for p in PEERS)])
     return render_table(header, rows, markdown)
+
+
+def versus(fused: dict, peer: dict) -> str:
+    """onnxfuse against one peer: the peer's time over onnxfuse's, paired by round where both ran in rounds."""
+    if "median_ms" not in fused or "median_ms" not in peer:
+        return "n/a"
+    if len(fused.get("round_ms", ())) != len(peer.get("round_ms", ())) or not fused.get("round_ms"):
+        ratio = peer["median_ms"] / fused["median_ms"]
+        return f"{'≥' if ratio >= 1 else '<'} {ratio:.2f}× (one call)"
+    ratios = [p / f for p, f in zip(peer["round_ms"], fused["round_ms"])]
+    p10, median, p90 = np.percentile(ratios, [10, 50, 90])
+    mark = "≥" if median >= 1 else "≈" if p90 >= 1 else "<"
+    return f"{mark} {median:.2f}× ({p10:.2f}-{p90:.2f})"
 
 
 def _speedup(cell: dict) -> str:
     return f"{cell['speedup']:.2f}" if "speedup" in cell else "n/a"
-
-
-def _spread(cell: dict) -> float:
-    """Half the p10-p90 range of a contender's round times, relative to its median."""
-    return (cell["p90_ms"] - cell["p10_ms"]) / (2 * cell["median_ms"]) if cell.get("median_ms") else 0.0
 
 
 def cell_groups(cell: str) -> dict:
