@@ -82,9 +82,9 @@ def _extra_models(items: tuple[str, ...]) -> dict[str, str]:
 def bench(model, fused, batches, dims, inputs, threads, rounds, budget, extra, json_path, no_tvm, cache_dir, seed,
           select, call_style, peers, groups) -> None:
     """Time MODEL under onnxruntime (ORT_ENABLE_ALL), as onnxfuse's fused model in onnxruntime, and
-    under TVM's own pipeline (from_onnx + default Relax pipeline + VM), at each batch size and thread
-    count. Prints median ms per call and the speedup over onnxruntime: the median over rounds of
-    onnxruntime's time / the contender's in the same round.
+    under TVM's own pipeline (from_onnx + default Relax pipeline + VM), and with --peers under IREE and
+    OpenVINO, at each batch size and thread count. Prints median ms per call and the speedup over
+    onnxruntime: the median over rounds of onnxruntime's time / the contender's in the same round.
 
     Inputs are random (integers used as Gather indices span the gathered axis, other integers are 0
     or 1) unless --inputs gives them. Every contender's outputs are checked against onnxruntime on
