@@ -133,7 +133,7 @@ class BenchOptions:
     tvm: bool = True
     cache_dir: str | None = None  # onnxfuse kernel cache; None → onnxfuse's default
     seed: int = 0
-    tvm_build_timeout: float = 600.0
+    tvm_build_timeout: float = 600.0  # seconds for one TVM build (and one IREE build)
     select: str = "auto"  # onnxfuse's group selection (`optimize --select`); measured times at `batches`
     call_style: str = "iobinding"  # how onnxruntime contenders are called (CALL_STYLES)
     peers: tuple[str, ...] = ()  # other compilers to time too: measure/peers.py PEERS
