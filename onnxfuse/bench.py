@@ -231,7 +231,8 @@ def bench_model(model_path, fused_path=None, options: BenchOptions | None = None
             if options.tvm and TVM not in b["contenders"]:
                 b["contenders"][TVM] = {"na": f"TVM build failed: {result.compile['tvm_build_seconds'][label]['na']}"}
             if IREE in options.peers and IREE not in b["contenders"]:
-                b["contenders"][IREE] = {"na": f"IREE build failed: {result.compile['iree_build_seconds'][label]['na']}"}
+                why = result.compile["iree_build_seconds"][label]["na"]
+                b["contenders"][IREE] = {"na": why if why.startswith("not installed") else f"IREE build failed: {why}"}
             result.runs.append({"batch": b["batch"], "label": label, "dims": b["dims"], "threads": threads,
                                 "contenders": with_speedups(b["contenders"])})
     return result
