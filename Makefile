@@ -57,10 +57,21 @@ clean:
 # Benchmarks (benchmarks/run.py): tables on stdout, JSON + markdown in benchmarks/results/.
 # bench-corpus times the exported corpus (benchmarks/corpus.py --time, docs/corpus.md);
 # corpus-check only optimizes and verifies it (exit 1 on a mismatch).
-.PHONY: bench-trees bench-cells bench-repeat bench-corpus corpus-check
-bench: install bench-corpus
+.PHONY: bench-trees bench-cells bench-repeat bench-corpus corpus-check bench-install bench-peers
+bench: install bench-install bench-corpus
 	$(BIN)/python benchmarks/run.py models
 	$(BIN)/python benchmarks/run.py repeat
+
+# The `bench` extra: IREE and OpenVINO, the peers `make bench` times beside onnxruntime and TVM.
+BENCH_STAMP := $(VENV)/.bench-installed
+bench-install: $(BENCH_STAMP)
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	@touch $@
+
+# onnxfuse against IREE and OpenVINO alone (1 thread, no TVM): benchmarks/results/peers.md.
+bench-peers: install bench-install
+	$(BIN)/python benchmarks/run.py peers
 
 bench-corpus: install
 	$(BIN)/python benchmarks/corpus.py --time
