@@ -29,9 +29,10 @@ COMM_REDUCE = 2
 
 
 def is_gather_chain(sch) -> bool:
-    """Whether some block loads at an index that loads a value the group computed (a lookup
-    whose index another lookup produced, as in every level of a tree walk). A gather at indices
-    the group was given (an embedding lookup) is not a chain."""
+    """Whether some block loads at an index that loads a value the group computed and keeps (a
+    lookup whose index another lookup produced, as in every level of a tree walk). Asked after
+    inlining: a gather at indices the group was given (an embedding lookup) is not a chain,
+    though before inlining its index normalization (negative indices wrap) is a block of its own."""
     computed = list(sch.get(sch.get_sblock("root")).alloc_buffers)
     for block_rv in tir_walk.leaf_blocks(sch):
         for expr in tir_walk.store_value_exprs(sch.get(block_rv)):
