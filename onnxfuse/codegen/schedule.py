@@ -22,6 +22,7 @@ Why this shape (measured; docs/codegen.md keeps the numbers):
 - The duplication guard (max_duplication, inline_cheap_producers) bounds how often one producer
   is re-emitted; the default 1 keeps the behaviour measured in the notes.
 - Elementwise blocks: trailing static loops fused, split by the vector width, vectorized.
+- Gather chains (tree walks): one loop per level and a one-row small-batch variant (tree_schedule).
 Every step is attempted on its own and skipped if TVM refuses it: an unusual group gets a
 simpler (still valid) schedule rather than a failure.
 """
