@@ -15,7 +15,7 @@ from onnx import numpy_helper as nh
 from tvm import s_tir
 
 import onnxfuse
-from onnxfuse.codegen import relax_import, schedule, tree_schedule
+from onnxfuse.codegen import relax_import, schedule, tir_walk, tree_schedule
 from onnxfuse.codegen.compile import compile_group
 from onnxfuse.frontend.loader import load_model
 from onnxfuse.fusion.extract import extract_group
@@ -115,3 +115,29 @@ def test_optimized_forest_matches_onnxruntime(tmp_path, cache, name):
     for batch in BATCHES:
         expected, actual = run_both(source, tmp_path / f"{name}.fused.onnx", {"X": _features(batch, seed=batch)})
         assert_outputs_match(expected, actual)
+
+
+@pytest.mark.parametrize("name", TREE_MODELS)
+def test_level_loops_of_a_row_tile_run_rows_then_trees(name):
+    """With several rows per tile, a level's flat rows x trees loop is split into a row loop of
+    the tile's rows and a tree loop of the forest's trees."""
+    model = _only_group_model(MODELS / f"{name}.onnx")
+    sch = s_tir.Schedule(tvm.IRModule({"main": schedule.simplify(relax_import.import_group(model, "k").prim_func)}))
+    stats = schedule.ScheduleStats()
+    schedule.inline_cheap_producers(sch, stats)
+    schedule.separate_read_outputs(sch, stats)
+    anchors, tile, _ = schedule.tile_rows(sch, stats, schedule.row_elements(sch))
+    schedule.compute_under_tile(sch, stats, anchors, tile)
+    assert stats.tile_rows > 1
+    receivers = tree_schedule.fuse_level_loops(sch)
+    trees = _n_trees(model)
+    nests = [[sch.get(loop).extent for loop in sch.get_loops(b)][1:3]
+             for b in tir_walk.leaf_blocks(sch) if sch.get(b).name_hint in receivers]
+    split = [n for n in nests if [getattr(e, "value", None) for e in n] == [stats.tile_rows, trees]]
+    assert len(split) >= 3, nests
+
+
+def _n_trees(model: onnx.ModelProto) -> int:
+    """The forest's tree count: the second entry of the [-1, T] shape its Reshapes use."""
+    shapes = [nh.to_array(t) for t in model.graph.initializer if t.data_type == TP.INT64 and tuple(t.dims) == (2,)]
+    return next(int(s[1]) for s in shapes if s[0] == -1)
