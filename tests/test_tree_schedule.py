@@ -141,3 +141,38 @@ def _n_trees(model: onnx.ModelProto) -> int:
     """The forest's tree count: the second entry of the [-1, T] shape its Reshapes use."""
     shapes = [nh.to_array(t) for t in model.graph.initializer if t.data_type == TP.INT64 and tuple(t.dims) == (2,)]
     return next(int(s[1]) for s in shapes if s[0] == -1)
+
+
+def _make_models():
+    """models/make_models.py, imported by path (registered in sys.modules: its dataclasses need it)."""
+    import importlib.util
+    import sys
+
+    if "make_models" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("make_models", MODELS / "make_models.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["make_models"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["make_models"]
+
+
+# Forests of other shapes than the bundled ones: tree counts that are not powers of two (the
+# rows/trees split divides by them), three classes, few features; (trees, depth, features, classes).
+FOREST_SHAPES = ((7, 2, 5, 3), (13, 5, 9, 2))
+
+
+@pytest.mark.parametrize("program", ("tree_trav_model", "perf_tree_trav_model"))
+@pytest.mark.parametrize("shape", FOREST_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_random_forests_match_onnxruntime(tmp_path, cache, program, shape):
+    mm = _make_models()
+    n_trees, depth, n_features, n_classes = shape
+    forest = mm.make_forest(n_trees, depth, n_features, n_classes, seed=sum(shape))
+    source = tmp_path / "forest.onnx"
+    onnx.save(getattr(mm, program)(forest), str(source))
+    result = onnxfuse.optimize(source, tmp_path / "forest.fused.onnx", cache_dir=cache, jobs=1)
+    kernels = [g for g in result.report["groups"] if g["status"] in ("compiled", "cached")]
+    assert any(g.get("stats", {}).get("gather_chain") for g in kernels), result.report["groups"]
+    for batch in (1, 5, 19):
+        x = np.random.default_rng(batch).standard_normal((batch, n_features)).astype(np.float32)
+        expected, actual = run_both(source, tmp_path / "forest.fused.onnx", {"X": x})
+        assert_outputs_match(expected, actual)
