@@ -22,6 +22,7 @@ Why this shape (measured; docs/codegen.md keeps the numbers):
 - The duplication guard (max_duplication, inline_cheap_producers) bounds how often one producer
   is re-emitted; the default 1 keeps the behaviour measured in the notes.
 - Elementwise blocks: trailing static loops fused, split by the vector width, vectorized.
+- Gather chains (tree walks): one loop per level and a one-row small-batch variant (tree_schedule).
 Every step is attempted on its own and skipped if TVM refuses it: an unusual group gets a
 simpler (still valid) schedule rather than a failure.
 """
@@ -34,7 +35,7 @@ import tvm
 from tvm import s_tir
 
 from ..errors import short_reason
-from . import ieee_order, tir_walk
+from . import ieee_order, tir_walk, tree_schedule
 from .register_file import AVX512, RegisterFile
 
 TILE_ELEMENTS = 8192  # elements of the widest intermediate row block kept per tile
@@ -60,6 +61,7 @@ class ScheduleStats:
     parallel: bool = False
     tile_rows: int = 0
     symbolic_rows: bool = False  # the row-tile loop runs over a symbolic (batch) extent
+    gather_chain: bool = False  # a tree walk: each level one loop (tree_schedule.fuse_level_loops)
     row_work: int = 0  # innermost iterations per unit of the symbolic dims (see row_work)
     materialized: int = 0  # blocks left after inlining: each computes its value once per tile
     max_copies: int = 0  # most copies of one inlined expression (<= max_duplication, index copies aside)
@@ -627,6 +629,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     stats.row_work = row_work(sch)
     widest_row = row_elements(sch)
     inline_cheap_producers(sch, stats, max_duplication)
+    stats.gather_chain = tree_schedule.is_gather_chain(sch)
     separate_read_outputs(sch, stats)
     factored = factor_row_reductions(sch, stats, registers)
     tiled = tile_rows(sch, stats, widest_row, small_batch)
@@ -641,9 +644,10 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
         if allow_parallel and not small_batch and (batch is None or total >= PARALLEL_MIN_ELEMENTS):
             if _try(stats, "parallel tiles", lambda: sch.parallel(outer)):
                 stats.parallel = True
+    level_loops = tree_schedule.fuse_level_loops(sch) if tiled is not None and stats.gather_chain else frozenset()
     nest_partial_sums(sch, stats, factored)
     # A row's final sum of the lanes is short and already in place around its partial sums.
-    schedule_loop_nests(sch, stats, registers, done=frozenset(final for _, final in factored))
+    schedule_loop_nests(sch, stats, registers, done=frozenset(final for _, final in factored) | level_loops)
     if tiled is not None and stats.tile_rows == GEMM_TILE_ROWS:
         hint_tail_partition(sch, stats)
     return sch.mod["main"], stats
@@ -657,8 +661,9 @@ def needs_small_batch_variant(stats: ScheduleStats) -> bool:
     accumulators in memory (a load, FMA, store chain per step). One row per tile has no ragged
     tail and takes 16 accumulators in registers (LSTM cell at batch 1: 3.1 us -> 1.3 us), but
     streams the weights once per row, which halves large-batch speed; so the runtime picks the
-    variant by batch."""
-    return stats.symbolic_rows and stats.tile_rows == GEMM_TILE_ROWS
+    variant by batch. A gather chain (a tree walk) gets one whatever its tile: one row per tile
+    walks the trees without a ragged tile's predicates (tree_schedule)."""
+    return stats.symbolic_rows and (stats.tile_rows == GEMM_TILE_ROWS or stats.gather_chain)
 
 
 def needs_serial_variant(stats: ScheduleStats) -> bool:

@@ -24,6 +24,15 @@ def _children(node) -> Iterator:
                     yield item
 
 
+def iter_nodes(expr) -> Iterator:
+    """Every node of `expr`'s tree, outer nodes first."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(_children(node))
+
+
 def iter_loads(expr) -> Iterator[TensorLoad]:
     """Every buffer load inside `expr`, outer loads before the loads in their indices."""
     stack = [expr]
