@@ -31,16 +31,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import tvm
+import tvm_ffi
 from tvm import s_tir
 
 from ..errors import short_reason
-from . import ieee_order, tir_walk
+from . import gemm_shapes, ieee_order, tir_walk
 from .register_file import AVX512, RegisterFile
 
 TILE_ELEMENTS = 8192  # elements of the widest intermediate row block kept per tile
 MAX_TILE_ROWS = 256
 PARALLEL_MIN_ELEMENTS = 1 << 16  # static batches smaller than this stay single-threaded
-MATMUL_ROW_UNROLL = 4  # rows of the register tile
 GEMM_TILE_ROWS = 8  # row tile of a group with a GEMM: 4 was slower at batch 64, 32 costs 2 us at batch 1
 SMALL_BATCH_ROWS = GEMM_TILE_ROWS  # batches below this run a GEMM group's small-batch variant
 
@@ -57,6 +57,7 @@ class ScheduleStats:
     vectorized: int = 0
     reductions_scheduled: int = 0
     reductions_factored: int = 0  # row reductions split in vector lanes (factor_row_reductions)
+    gemm_columns_padded: int = 0  # GEMMs computed over N padded to whole vectors (pad_gemm_columns)
     parallel: bool = False
     tile_rows: int = 0
     symbolic_rows: bool = False  # the row-tile loop runs over a symbolic (batch) extent
@@ -114,7 +115,7 @@ def _copies_if_inlined(sch, block_rv, outputs) -> int | None:
     """How many copies of the block's expression inlining would leave in the program (the loads
     of its buffer in its current consumers), or None if it must stay a block."""
     block = sch.get(block_rv)
-    if block.name_hint in outputs or _is_reduction(block) or len(block.writes) != 1:
+    if block.name_hint in outputs or _is_reduction(block) or len(block.writes) != 1 or _kept_at_root(block):
         return None
     buffer = block.writes[0].source
     return sum(tir_walk.count_loads_of(sch.get(c), buffer) for c in sch.get_consumers(block_rv))
@@ -273,7 +274,7 @@ def compute_under_tile(sch, stats: ScheduleStats, anchors, tile_loop) -> None:
     moved = set(anchors)
     for block_rv in reversed(_blocks(sch)):
         name = sch.get(block_rv).name_hint
-        if name in moved:
+        if name in moved or _kept_at_root(sch.get(block_rv)):
             continue
         if _try(stats, f"compute_at {name}", lambda: sch.compute_at(block_rv, tile_loop, preserve_unit_loops=True)):
             stats.computed_at += 1
@@ -320,7 +321,7 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
     if not trailing:
         return
     innermost = _static(sch.get(trailing[-1]).extent)
-    if innermost % lanes and _reads_per_row(block):
+    if innermost % lanes and (_reads_per_row(block) or _reads_rows_of_another_width(block)):
         trailing, lanes = trailing[-1:], _lanes_dividing(innermost, lanes)
         if not lanes:
             return
@@ -356,6 +357,22 @@ def _reads_per_row(block) -> bool:
     return any(not uses(read, inner) and any(uses(read, v) for v in outer) for read in block.reads)
 
 
+def _reads_rows_of_another_width(block) -> bool:
+    """Whether a vector spanning two output rows would gather from some buffer it reads: that
+    buffer's rows are wider than the output's (one gate's columns of a GEMM result, a padded
+    result) or read from an offset. Narrow gate rows (N = 10) read that way ran as gathers."""
+    if len(block.iter_vars) < 2 or not block.writes:
+        return False
+    inner = block.iter_vars[-1].var
+    width = block.writes[0].source.shape[-1]
+    for read in block.reads:
+        if not read.region or not tir_walk.uses_var(read.region[-1].min, inner):
+            continue
+        if not read.region[-1].min.same_as(inner) or str(read.source.shape[-1]) != str(width):
+            return True
+    return False
+
+
 def _is_matmul_like(block) -> bool:
     """Two or more spatial axes and a reduction: worth a register tile over rows and columns."""
     kinds = [int(iv.iter_type) for iv in block.iter_vars]
@@ -375,24 +392,72 @@ def _split(sch, stats, loop, factors, what):
     return None
 
 
-def _register_tile_shape(row_extent: int | None, col_vectors: int, registers: RegisterFile) -> tuple[int, int]:
-    """(rows, column vectors) of the accumulator tile. Half the vector registers hold
-    accumulators (16 of AVX-512's or NEON's 32); the rest hold one weight vector per column
-    vector and the broadcast rows, so LLVM spills nothing. When several rows share the weight
-    vectors there are at most an eighth of the registers of them (4 x 4 on 32 registers, 4 x 2
-    on AVX2's 16: rows first, since each broadcast feeds a whole row of FMAs). A single row
-    (batch 1, a GEMV) reuses no weight vector across rows, so all accumulators become column
-    vectors: more independent FMAs per broadcast. (A 4 x 3 tile on AVX2 was no faster.)"""
-    accumulators = registers.count // 2
-    widest = accumulators if row_extent == 1 else registers.count // 8
-    vectors = max(v for v in range(1, min(col_vectors, widest) + 1) if col_vectors % v == 0)
-    rows = 1
-    if row_extent is not None:
-        for r in range(min(MATMUL_ROW_UNROLL, row_extent), 0, -1):
-            if row_extent % r == 0 and r * vectors <= accumulators:
-                rows = r
-                break
-    return rows, vectors
+KEEP_AT_ROOT = "onnxfuse_keep_at_root"  # a block annotation: computed once per call, never inlined or tiled
+PADDED_COLUMNS = "onnxfuse_padded_columns"  # a GEMM block annotation: the N it is computed over
+
+
+def _kept_at_root(block) -> bool:
+    return KEEP_AT_ROOT in block.annotations
+
+
+def pad_gemm_columns(sch, stats: ScheduleStats, registers: RegisterFile) -> None:
+    """A small GEMM whose N is no multiple of the vector width (the seed gate's N = 30) is
+    computed over N padded to the next multiple (gemm_shapes.padded_columns): its weight is
+    copied once per call into a zero-padded [K, N'] buffer (kept at the root, outside the row
+    tiles), the GEMM runs whole column vectors into a padded result, and its consumers read the
+    first N columns of that result. Unpadded, schedule_matmul refused it and the GEMM ran as
+    scalar dot products. Done first, while the block's bindings are still trivial (pad_einsum
+    needs them)."""
+    for block_rv in _blocks(sch):
+        block = sch.get(block_rv)
+        if not _is_gemm(block):
+            continue
+        extents = [_static(iv.dom.extent) for iv in block.iter_vars]
+        cols, k = extents[-2], extents[-1]
+        if cols is None or k is None:
+            continue
+        padded = gemm_shapes.padded_columns(cols, k, _lanes(_block_dtype(block), registers))
+        if padded is None:
+            continue
+        before = {sch.get(b).name_hint for b in _blocks(sch)}
+        factors = [1] * (len(extents) - 2) + [padded, 1]
+        if not _try(stats, f"pad columns {block.name_hint}", lambda: sch.pad_einsum(block_rv, factors)):
+            continue
+        for producer in sch.get_producers(block_rv):
+            if sch.get(producer).name_hint not in before:
+                sch.annotate(producer, KEEP_AT_ROOT, 1)
+        sch.annotate(block_rv, PADDED_COLUMNS, padded)
+        stats.gemm_columns_padded += 1
+
+
+def widen_padded_gemms(sch, stats: ScheduleStats):
+    """compute_at bounds a GEMM under the row tile by what its consumers read, which shrinks a
+    padded GEMM's column loop back to N. Every padded column is still valid to compute (zero
+    weights, a result buffer N' wide), so that loop is given back its padded extent here, where
+    TVM's primitives cannot extend a loop. Returns the schedule (a new one if anything changed)."""
+    widen = {}
+    for block_rv in tir_walk.leaf_blocks(sch):
+        block = sch.get(block_rv)
+        padded = block.annotations.get(PADDED_COLUMNS)
+        loops = _own_loops(sch, block_rv)
+        if padded is None or len(loops) != len(block.iter_vars):
+            continue
+        column = sch.get(loops[-2])
+        binding = _sblock_realize(sch, block_rv).iter_values[-2]
+        if binding.same_as(column.loop_var) and _static(column.min) == 0 and _static(column.extent) != int(padded):
+            widen[column.loop_var] = int(padded)
+    if not widen:
+        return sch
+
+    def widened(loop):
+        extent = next((e for var, e in widen.items() if var.same_as(loop.loop_var)), None)
+        if extent is None:
+            return loop
+        return tvm.tirx.For(loop.loop_var, loop.min, tvm.tirx.IntImm(loop.extent.ty.dtype, extent), loop.kind,
+                            loop.body, loop.thread_binding, loop.annotations)
+
+    func = tvm_ffi.structural_map(sch.mod["main"], [(tvm.tirx.For, widened)], order="post")
+    return s_tir.Schedule(tvm.IRModule({"main": func}))
 
 
 def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile) -> bool:
@@ -419,7 +484,7 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile
     if cols is None or cols % lanes != 0 or _static(sch.get(k_loop).extent) is None:
         return False
     row_extent = _static(sch.get(spatial[-2]).extent)
-    rows, vectors = _register_tile_shape(row_extent, cols // lanes, registers)
+    rows, vectors = gemm_shapes.register_tile(row_extent, cols // lanes, registers)
     col_parts = _split(sch, stats, spatial[-1], [None, vectors, lanes], f"split cols {name}")
     if col_parts is None:
         return False
@@ -440,6 +505,8 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile
         stats.vectorized += 1
     _try(stats, f"unroll {name}", lambda: sch.unroll(col_parts[1]))
     _try(stats, f"unroll {name}", lambda: sch.unroll(row_parts[1]))
+    if gemm_shapes.unroll_reduction(_static(sch.get(k_loop).extent)):
+        _try(stats, f"unroll reduction {name}", lambda: sch.unroll(k_loop))
     if _try(stats, f"decompose {name}", lambda: holder.update(init=sch.decompose_reduction(block_rv, k_loop))):
         init_loops = sch.get_loops(holder["init"])
         if init_loops and sch.get(init_loops[-1]).kind != tvm.tirx.ForKind.VECTORIZED:
@@ -626,6 +693,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     stats.blocks = len(_blocks(sch))
     stats.row_work = row_work(sch)
     widest_row = row_elements(sch)
+    pad_gemm_columns(sch, stats, registers)
     inline_cheap_producers(sch, stats, max_duplication)
     separate_read_outputs(sch, stats)
     factored = factor_row_reductions(sch, stats, registers)
@@ -641,6 +709,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
         if allow_parallel and not small_batch and (batch is None or total >= PARALLEL_MIN_ELEMENTS):
             if _try(stats, "parallel tiles", lambda: sch.parallel(outer)):
                 stats.parallel = True
+    sch = widen_padded_gemms(sch, stats)
     nest_partial_sums(sch, stats, factored)
     # A row's final sum of the lanes is short and already in place around its partial sums.
     schedule_loop_nests(sch, stats, registers, done=frozenset(final for _, final in factored))
