@@ -4,7 +4,11 @@ matrix sizes and the register file, so each choice can be read and tested withou
 Why per shape: gate cells have small K and N (10-64 each), tall-skinny batches and batch 1.
 A tile sized for wide matrices runs them badly: N = 30 is no multiple of AVX-512's 16 lanes,
 so the GEMM ran as scalar dot products (the seed gate `[1000, 10] @ [10, 30]` at 0.58x
-onnxruntime); a 4 x 2 register tile over 2 column vectors leaves half the accumulators idle.
+onnxruntime).
+
+Tried and slower on the seed gate (fused, through onnxruntime, batch 1,000, 3 runs): unrolling
+K = 10 completely (0.59-0.63x against 1.14-1.26x kept as a loop: LLVM then hoists all 20 weight
+vectors, invariant across row tiles, out of the tile loop and spills the accumulators).
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ from .register_file import RegisterFile
 
 ROW_UNROLL = 4  # rows of the register tile when the columns fill it (wide matrices)
 PAD_MAX_WEIGHT_ELEMENTS = 4096  # pad N only for weights up to 64 x 64: the padded copy is made every call
-FULL_UNROLL_MAX_K = 16  # a reduction this short is unrolled completely: no loop left around the FMAs
 
 
 def padded_columns(cols: int, k: int, lanes: int) -> int | None:
@@ -32,28 +35,21 @@ def register_tile(row_extent: int | None, col_vectors: int, registers: RegisterF
     """(rows, column vectors) of the accumulator tile.
 
     Half the vector registers hold accumulators (16 of AVX-512's or NEON's 32); the rest hold
-    one weight vector per column vector and the broadcast rows, so LLVM spills nothing.
-    - A single row (batch 1, a GEMV) reuses no weight vector across rows, so every accumulator
-      becomes a column vector: more independent FMAs per broadcast.
-    - Wide matrices: at most an eighth of the registers are column vectors (4 x 4 on 32
-      registers, 4 x 2 on AVX2's 16: rows first, since each broadcast feeds a whole row of FMAs;
-      a 4 x 3 tile on AVX2 was no faster, nor 8 x 2 or 2 x 8 on the LSTM cell's 256 columns).
-    - Narrow matrices (fewer column vectors than that, e.g. N = 32): the spare accumulators go to
-      rows, up to the rows of the row tile, so each weight vector loaded feeds more FMAs."""
+    one weight vector per column vector and the broadcast rows, so LLVM spills nothing. When
+    several rows share the weight vectors there are at most an eighth of the registers of them
+    (4 x 4 on 32 registers, 4 x 2 on AVX2's 16: rows first, since each broadcast feeds a whole
+    row of FMAs). A single row (batch 1, a GEMV) reuses no weight vector across rows, so every
+    accumulator becomes a column vector: more independent FMAs per broadcast.
+    Tried and slower: 4 x 3 on AVX2; 8 x 2, 2 x 8 and 8 x 4 on the LSTM cell's 256 columns; and
+    for the seed gate's 32 padded columns 8 x 2 (its 16 accumulators beside 2 weight vectors and
+    8 broadcasts: 1.14-1.26x onnxruntime at batch 1,000 against 1.20-1.38x for 4 x 2, 3 runs)."""
     accumulators = registers.count // 2
     widest = accumulators if row_extent == 1 else registers.count // 8
     vectors = max(v for v in range(1, min(col_vectors, widest) + 1) if col_vectors % v == 0)
     rows = 1
     if row_extent is not None:
-        most = ROW_UNROLL if vectors >= widest else max(ROW_UNROLL, accumulators // vectors)
-        for r in range(min(most, row_extent), 0, -1):
+        for r in range(min(ROW_UNROLL, row_extent), 0, -1):
             if row_extent % r == 0 and r * vectors <= accumulators:
                 rows = r
                 break
     return rows, vectors
-
-
-def unroll_reduction(k: int) -> bool:
-    """Whether the K loop is unrolled completely (K = 10 in the seed gate): the loads of the
-    next step are then scheduled among this step's FMAs, and no loop counter is left."""
-    return k <= FULL_UNROLL_MAX_K

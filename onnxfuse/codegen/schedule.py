@@ -526,8 +526,6 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile
         stats.vectorized += 1
     _try(stats, f"unroll {name}", lambda: sch.unroll(col_parts[1]))
     _try(stats, f"unroll {name}", lambda: sch.unroll(row_parts[1]))
-    if gemm_shapes.unroll_reduction(_static(sch.get(k_loop).extent)):
-        _try(stats, f"unroll reduction {name}", lambda: sch.unroll(k_loop))
     if _try(stats, f"decompose {name}", lambda: holder.update(init=sch.decompose_reduction(block_rv, k_loop))):
         init_loops = sch.get_loops(holder["init"])
         if init_loops and sch.get(init_loops[-1]).kind != tvm.tirx.ForKind.VECTORIZED:
