@@ -324,7 +324,7 @@ def _block_dtype(block) -> str:
     return str(block.writes[0].source.dtype) if block.writes else "float32"
 
 
-def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: RegisterFile) -> None:
+def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: RegisterFile, gemm_results=()) -> None:
     """Fuses the trailing static loops and vectorizes them (split by the vector width).
 
     Not across rows when a vector would span two of them and the block reads a value per row
@@ -342,7 +342,7 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
     if not trailing:
         return
     innermost = _static(sch.get(trailing[-1]).extent)
-    if innermost % lanes and (_reads_per_row(block) or _reads_rows_of_another_width(block)):
+    if innermost % lanes and (_reads_per_row(block) or _reads_rows_of_another_width(block, gemm_results)):
         trailing, lanes = trailing[-1:], _lanes_dividing(innermost, lanes)
         if not lanes:
             return
@@ -378,15 +378,18 @@ def _reads_per_row(block) -> bool:
     return any(not uses(read, inner) and any(uses(read, v) for v in outer) for read in block.reads)
 
 
-def _reads_rows_of_another_width(block) -> bool:
-    """Whether a vector spanning two output rows would gather from some buffer it reads: that
-    buffer's rows are wider than the output's (one gate's columns of a GEMM result, a padded
-    result) or read from an offset. Narrow gate rows (N = 10) read that way ran as gathers."""
+def _reads_rows_of_another_width(block, gemm_results) -> bool:
+    """Whether a vector spanning two output rows would gather from a GEMM result it reads: that
+    result's rows are wider than the output's (one gate's columns, a padded result) or read
+    from an offset. Narrow gate rows (N = 10) read that way ran as gathers. Only GEMM results:
+    other groups (tree chains) keep the schedule they were measured with."""
     if len(block.iter_vars) < 2 or not block.writes:
         return False
     inner = block.iter_vars[-1].var
     width = block.writes[0].source.shape[-1]
     for read in block.reads:
+        if not any(read.source.same_as(b) for b in gemm_results):
+            continue
         if not read.region or not tir_walk.uses_var(read.region[-1].min, inner):
             continue
         if not read.region[-1].min.same_as(inner) or str(read.source.shape[-1]) != str(width):
@@ -677,6 +680,7 @@ def nest_partial_sums(sch, stats: ScheduleStats, factored: list[tuple[str, str]]
 
 def schedule_loop_nests(sch, stats: ScheduleStats, registers: RegisterFile, done: frozenset[str] = frozenset()) -> None:
     """Schedules each leaf block's own loops, except the blocks named in `done`."""
+    gemm_results = [sch.get(b).writes[0].source for b in tir_walk.leaf_blocks(sch) if _is_gemm(sch.get(b))]
     for block_rv in tir_walk.leaf_blocks(sch):
         block = sch.get(block_rv)
         if block.name_hint in done:
@@ -684,7 +688,7 @@ def schedule_loop_nests(sch, stats: ScheduleStats, registers: RegisterFile, done
         if _is_reduction(block):
             schedule_reduction(sch, stats, block_rv, registers)
         elif block.body is not None and hasattr(block.body, "value"):
-            vectorize_elementwise(sch, stats, block_rv, registers)
+            vectorize_elementwise(sch, stats, block_rv, registers, gemm_results)
 
 
 # ---------------------------------------------------------------- entry point
