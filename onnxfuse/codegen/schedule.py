@@ -683,8 +683,8 @@ def schedule_loop_nests(sch, stats: ScheduleStats, registers: RegisterFile, done
     gemm_results = [sch.get(b).writes[0].source for b in tir_walk.leaf_blocks(sch) if _is_gemm(sch.get(b))]
     for block_rv in tir_walk.leaf_blocks(sch):
         block = sch.get(block_rv)
-        if block.name_hint in done:
-            continue
+        if block.name_hint in done or _kept_at_root(block):
+            continue  # a padded weight copy stays scalar: vectorized across its rows it gathers
         if _is_reduction(block):
             schedule_reduction(sch, stats, block_rv, registers)
         elif block.body is not None and hasattr(block.body, "value"):
