@@ -52,19 +52,19 @@ def test_gemv_row_takes_every_accumulator_as_columns():
 # ---------------------------------------------------------------- kernels against numpy
 
 
-def _model(k: int, cols: int, gate: bool, seed: int = 0) -> tuple[onnx.ModelProto, np.ndarray]:
-    """x[N, K] @ W[K, cols], alone or as the seed gate (Split in 3, Sigmoid/Tanh/Exp, Mul, Add)."""
+def _model(k: int, cols: int, gate: bool | None, seed: int = 0) -> tuple[onnx.ModelProto, np.ndarray]:
+    """x[N, K] @ W[K, cols]: as the seed gate (Split in 3, Sigmoid/Tanh/Exp, Mul, Add), followed
+    by a Relu, or (gate None) as the group's output itself."""
     w = (np.random.default_rng(seed).standard_normal((k, cols)) * 0.3).astype(np.float32)
     x = h.make_tensor_value_info("x", TP.FLOAT, ["N", k])
-    nodes = [h.make_node("MatMul", ["x", "W"], ["m"])]
-    out_cols = cols
+    nodes = [h.make_node("MatMul", ["x", "W"], ["y" if gate is None else "m"])]
+    out_cols = cols // 3 if gate else cols
     if gate:
-        out_cols = cols // 3
         nodes += [h.make_node("Split", ["m"], ["a", "b", "c"], axis=1, num_outputs=3),
                   h.make_node("Sigmoid", ["a"], ["sa"]), h.make_node("Tanh", ["b"], ["tb"]),
                   h.make_node("Exp", ["c"], ["ec"]), h.make_node("Mul", ["sa", "tb"], ["p"]),
                   h.make_node("Add", ["p", "ec"], ["y"])]
-    else:
+    elif gate is not None:
         nodes += [h.make_node("Relu", ["m"], ["y"])]  # a consumer, so the GEMM sits inside the group
     y = h.make_tensor_value_info("y", TP.FLOAT, ["N", out_cols])
     graph = h.make_graph(nodes, "gemm", [x], [y], [nh.from_array(w, "W")])
@@ -73,18 +73,21 @@ def _model(k: int, cols: int, gate: bool, seed: int = 0) -> tuple[onnx.ModelProt
     return model, w
 
 
-def _numpy(x: np.ndarray, w: np.ndarray, gate: bool) -> np.ndarray:
+def _numpy(x: np.ndarray, w: np.ndarray, gate: bool | None) -> np.ndarray:
     m = x.astype(np.float64) @ w.astype(np.float64)
+    if gate is None:
+        return m
     if not gate:
         return np.maximum(m, 0)
     a, b, c = np.split(m, 3, axis=1)
     return 1 / (1 + np.exp(-a)) * np.tanh(b) + np.exp(c)
 
 
-SHAPES = [(10, 30, True), (10, 10, False), (64, 30, False), (24, 48, True), (12, 40, False)]
+SHAPES = [(10, 30, True), (10, 10, False), (64, 30, False), (24, 48, True), (12, 40, False), (10, 30, None)]
+KINDS = {True: "-gate", False: "-relu", None: "-alone"}
 
 
-@pytest.mark.parametrize("k, cols, gate", SHAPES, ids=[f"k{k}-n{n}{'-gate' if g else ''}" for k, n, g in SHAPES])
+@pytest.mark.parametrize("k, cols, gate", SHAPES, ids=[f"k{k}-n{n}{KINDS[g]}" for k, n, g in SHAPES])
 def test_small_gemm_kernel_matches_numpy(k, cols, gate, tmp_path):
     """Every batch path: the one-row variant (1, 5), a ragged tail (13), whole tiles (64)."""
     model, w = _model(k, cols, gate)

@@ -14,7 +14,10 @@ Why this shape (measured; docs/codegen.md keeps the numbers):
   rows x vectors accumulator tile in a "local" buffer that LLVM keeps in registers (4 x 64 floats
   in 16 zmm registers on AVX-512; sized per target by register_file), k outside the unrolled
   rows x vectors, vector FMAs over output columns; near the single-core FMA peak (OpenBLAS speed
-  on 1000x64 @ 64x192). Such groups use 8-row tiles, so a ragged tail is cheap.
+  on 1000x64 @ 64x192). Such groups use 8-row tiles, so a ragged tail is cheap. A small GEMM
+  whose N is no multiple of the vector width is computed over N padded to one (pad_gemm_columns,
+  widen_padded_gemms; the shape decisions are gemm_shapes'): the seed gate's N = 30 ran as
+  scalar dot products before.
 - The tile loop (and, in GEMM groups, every loop inside the tile) carries LoopPartition's hint:
   full tiles run without the `row < N` predicates compute_at adds; only the tail keeps them.
 - Other reductions (Conv/Reduce*): the last spatial loop is split by the vector width and moved
@@ -449,12 +452,12 @@ def pad_gemm_columns(sch, stats: ScheduleStats, registers: RegisterFile) -> None
             continue
         for producer in sch.get_producers(block_rv):
             if sch.get(producer).name_hint not in before:
-                sch.annotate(producer, KEEP_AT_ROOT, 1)
-        sch.annotate(block_rv, PADDED_COLUMNS, padded)
+                _try(stats, "keep the padded weight at the root", lambda: sch.annotate(producer, KEEP_AT_ROOT, 1))
+        _try(stats, f"mark padded {block.name_hint}", lambda: sch.annotate(block_rv, PADDED_COLUMNS, padded))
         stats.gemm_columns_padded += 1
 
 
-def widen_padded_gemms(sch, stats: ScheduleStats):
+def widen_padded_gemms(sch):
     """compute_at bounds a GEMM under the row tile by what its consumers read, which shrinks a
     padded GEMM's column loop back to N. Every padded column is still valid to compute (zero
     weights, a result buffer N' wide), so that loop is given back its padded extent here, where
@@ -732,7 +735,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
         if allow_parallel and not small_batch and (batch is None or total >= PARALLEL_MIN_ELEMENTS):
             if _try(stats, "parallel tiles", lambda: sch.parallel(outer)):
                 stats.parallel = True
-    sch = widen_padded_gemms(sch, stats)
+    sch = widen_padded_gemms(sch)
     nest_partial_sums(sch, stats, factored)
     # A row's final sum of the lanes is short and already in place around its partial sums.
     schedule_loop_nests(sch, stats, registers, done=frozenset(final for _, final in factored))
