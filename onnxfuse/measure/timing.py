@@ -43,12 +43,15 @@ class Timing:
     rounds: int
     calls_per_round: int
     paired_speedup: float | None = None
+    samples: tuple[float, ...] = ()  # seconds per call in each round, in round order (to pair any two contenders)
 
     def to_json(self) -> dict:
         out = {"median_ms": _ms(self.median), "p10_ms": _ms(self.p10), "p90_ms": _ms(self.p90),
                "rounds": self.rounds, "calls_per_round": self.calls_per_round}
         if self.paired_speedup is not None:
             out["paired_speedup"] = round(self.paired_speedup, 3)
+        if self.samples:
+            out["round_ms"] = [_ms(x) for x in self.samples]
         return out
 
 
@@ -118,7 +121,7 @@ def race(contenders: Sequence[Contender], reference: dict[str, np.ndarray], roun
     for (contender, reps), s in zip(timed, samples):
         p10, p90 = np.percentile(s, [10, 90])
         paired = statistics.median(b / x for b, x in zip(baseline, s)) if baseline is not None else None
-        results[contender.name] = Timing(statistics.median(s), float(p10), float(p90), rounds, reps, paired)
+        results[contender.name] = Timing(statistics.median(s), float(p10), float(p90), rounds, reps, paired, tuple(s))
     return {c.name: results[c.name] for c in contenders}
 
 
