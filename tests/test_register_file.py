@@ -21,8 +21,9 @@ from test_optimize import MODELS, assert_outputs_match, random_inputs, run_both
 from onnxfuse import optimize
 from onnxfuse.codegen import register_file
 from onnxfuse.codegen.compile import compile_group
+from onnxfuse.codegen.gemm_shapes import register_tile
 from onnxfuse.codegen.register_file import AVX2, AVX512, NEON, SSE
-from onnxfuse.codegen.schedule import GEMM_TILE_ROWS, _register_tile_shape
+from onnxfuse.codegen.schedule import GEMM_TILE_ROWS
 from onnxfuse.target import resolve_target
 
 
@@ -51,7 +52,7 @@ def test_register_tile_fits(registers):
     weight vector once (an FMA operand straight from memory), so it keeps none."""
     for row_extent in (1, 2, GEMM_TILE_ROWS, 12, None):
         for col_vectors in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64):
-            rows, vectors = _register_tile_shape(row_extent, col_vectors, registers)
+            rows, vectors = register_tile(row_extent, col_vectors, registers)
             shape = f"{rows} x {vectors} for {row_extent} rows, {col_vectors} column vectors"
             shared_weights = vectors if rows > 1 else 0
             assert rows * vectors + shared_weights + 1 <= registers.count, shape
@@ -62,10 +63,10 @@ def test_register_tile_fits(registers):
 
 def test_register_tile_uses_the_registers():
     """The tile is as large as the budget allows, for the shapes of the bundled cells."""
-    assert _register_tile_shape(GEMM_TILE_ROWS, 256 // 16, AVX512) == (4, 4)  # 4 x 64 floats
-    assert _register_tile_shape(GEMM_TILE_ROWS, 256 // 8, AVX2) == (4, 2)  # 4 x 16 floats
-    assert _register_tile_shape(GEMM_TILE_ROWS, 256 // 4, NEON) == (4, 4)  # 4 x 16 floats
-    assert _register_tile_shape(1, 256 // 8, AVX2) == (1, 8)  # a GEMV row: all accumulators
+    assert register_tile(GEMM_TILE_ROWS, 256 // 16, AVX512) == (4, 4)  # 4 x 64 floats
+    assert register_tile(GEMM_TILE_ROWS, 256 // 8, AVX2) == (4, 2)  # 4 x 16 floats
+    assert register_tile(GEMM_TILE_ROWS, 256 // 4, NEON) == (4, 4)  # 4 x 16 floats
+    assert register_tile(1, 256 // 8, AVX2) == (1, 8)  # a GEMV row: all accumulators
 
 
 # ---- the object code: FMA loops keep their accumulators in registers --------------------------

@@ -14,7 +14,10 @@ Why this shape (measured; docs/codegen.md keeps the numbers):
   rows x vectors accumulator tile in a "local" buffer that LLVM keeps in registers (4 x 64 floats
   in 16 zmm registers on AVX-512; sized per target by register_file), k outside the unrolled
   rows x vectors, vector FMAs over output columns; near the single-core FMA peak (OpenBLAS speed
-  on 1000x64 @ 64x192). Such groups use 8-row tiles, so a ragged tail is cheap.
+  on 1000x64 @ 64x192). Such groups use 8-row tiles, so a ragged tail is cheap. A small GEMM
+  whose N is no multiple of the vector width is computed over N padded to one (pad_gemm_columns,
+  widen_padded_gemms; the shape decisions are gemm_shapes'): the seed gate's N = 30 ran as
+  scalar dot products before.
 - The tile loop (and, in GEMM groups, every loop inside the tile) carries LoopPartition's hint:
   full tiles run without the `row < N` predicates compute_at adds; only the tail keeps them.
 - Other reductions (Conv/Reduce*): the last spatial loop is split by the vector width and moved
@@ -32,16 +35,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import tvm
+import tvm_ffi
 from tvm import s_tir
 
 from ..errors import short_reason
-from . import ieee_order, tir_walk, tree_schedule
+from . import gemm_shapes, ieee_order, tir_walk, tree_schedule
 from .register_file import AVX512, RegisterFile
 
 TILE_ELEMENTS = 8192  # elements of the widest intermediate row block kept per tile
 MAX_TILE_ROWS = 256
 PARALLEL_MIN_ELEMENTS = 1 << 16  # static batches smaller than this stay single-threaded
-MATMUL_ROW_UNROLL = 4  # rows of the register tile
 GEMM_TILE_ROWS = 8  # row tile of a group with a GEMM: 4 was slower at batch 64, 32 costs 2 us at batch 1
 SMALL_BATCH_ROWS = GEMM_TILE_ROWS  # batches below this run a GEMM group's small-batch variant
 
@@ -58,6 +61,7 @@ class ScheduleStats:
     vectorized: int = 0
     reductions_scheduled: int = 0
     reductions_factored: int = 0  # row reductions split in vector lanes (factor_row_reductions)
+    gemm_columns_padded: int = 0  # GEMMs computed over N padded to whole vectors (pad_gemm_columns)
     parallel: bool = False
     tile_rows: int = 0
     symbolic_rows: bool = False  # the row-tile loop runs over a symbolic (batch) extent
@@ -116,10 +120,30 @@ def _copies_if_inlined(sch, block_rv, outputs) -> int | None:
     """How many copies of the block's expression inlining would leave in the program (the loads
     of its buffer in its current consumers), or None if it must stay a block."""
     block = sch.get(block_rv)
-    if block.name_hint in outputs or _is_reduction(block) or len(block.writes) != 1:
+    if block.name_hint in outputs or _is_reduction(block) or len(block.writes) != 1 or _kept_at_root(block):
         return None
     buffer = block.writes[0].source
     return sum(tir_walk.count_loads_of(sch.get(c), buffer) for c in sch.get_consumers(block_rv))
+
+
+CHEAP_EPILOGUE_NODES = 12  # a clamp of one GEMM result load (tanh's input), its two indices counted, is 9
+
+
+def _cheap_gemm_epilogue(sch, block_rv) -> bool:
+    """A few operations on one load of a GEMM's result (the clamp before a tanh): inlined however
+    often it is read, since LLVM computes the copies once (common subexpressions) and one load
+    cannot multiply along a chain. Materialised in a gate cell with narrow rows, LLVM vectorized
+    it across the tile's rows with a gather and a scatter per column (30% of the seed gate's
+    time at N = 10)."""
+    block = sch.get(block_rv)
+    value = getattr(block.body, "value", None)
+    if value is None or block.init is not None or tir_walk.expr_size(value) > CHEAP_EPILOGUE_NODES:
+        return False
+    loads = list(tir_walk.iter_loads(value))
+    if len(loads) != 1:
+        return False
+    return any(_is_gemm(sch.get(p)) and sch.get(p).writes[0].source.same_as(loads[0].source)
+               for p in sch.get_producers(block_rv))
 
 
 def inline_cheap_producers(sch, stats: ScheduleStats, max_duplication: int = 1) -> None:
@@ -141,7 +165,8 @@ def inline_cheap_producers(sch, stats: ScheduleStats, max_duplication: int = 1) 
             copies = _copies_if_inlined(sch, block_rv, outputs)
             if copies is None:
                 continue
-            if copies > max_duplication and not tir_walk.is_index_copy(sch.get(block_rv)):
+            if (copies > max_duplication and not tir_walk.is_index_copy(sch.get(block_rv))
+                    and not _cheap_gemm_epilogue(sch, block_rv)):
                 continue
             name = sch.get(block_rv).name_hint
             index_copy = tir_walk.is_index_copy(sch.get(block_rv))
@@ -275,7 +300,7 @@ def compute_under_tile(sch, stats: ScheduleStats, anchors, tile_loop) -> None:
     moved = set(anchors)
     for block_rv in reversed(_blocks(sch)):
         name = sch.get(block_rv).name_hint
-        if name in moved:
+        if name in moved or _kept_at_root(sch.get(block_rv)):
             continue
         if _try(stats, f"compute_at {name}", lambda: sch.compute_at(block_rv, tile_loop, preserve_unit_loops=True)):
             stats.computed_at += 1
@@ -304,7 +329,7 @@ def _block_dtype(block) -> str:
     return str(block.writes[0].source.dtype) if block.writes else "float32"
 
 
-def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: RegisterFile) -> None:
+def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: RegisterFile, gemm_results=()) -> None:
     """Fuses the trailing static loops and vectorizes them (split by the vector width).
 
     Not across rows when a vector would span two of them and the block reads a value per row
@@ -322,7 +347,7 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
     if not trailing:
         return
     innermost = _static(sch.get(trailing[-1]).extent)
-    if innermost % lanes and _reads_per_row(block):
+    if innermost % lanes and (_reads_per_row(block) or _reads_rows_of_another_width(block, gemm_results)):
         trailing, lanes = trailing[-1:], _lanes_dividing(innermost, lanes)
         if not lanes:
             return
@@ -358,6 +383,25 @@ def _reads_per_row(block) -> bool:
     return any(not uses(read, inner) and any(uses(read, v) for v in outer) for read in block.reads)
 
 
+def _reads_rows_of_another_width(block, gemm_results) -> bool:
+    """Whether a vector spanning two output rows would gather from a GEMM result it reads: that
+    result's rows are wider than the output's (one gate's columns, a padded result) or read
+    from an offset. Narrow gate rows (N = 10) read that way ran as gathers. Only GEMM results:
+    other groups (tree chains) keep the schedule they were measured with."""
+    if len(block.iter_vars) < 2 or not block.writes:
+        return False
+    inner = block.iter_vars[-1].var
+    width = block.writes[0].source.shape[-1]
+    for read in block.reads:
+        if not any(read.source.same_as(b) for b in gemm_results):
+            continue
+        if not read.region or not tir_walk.uses_var(read.region[-1].min, inner):
+            continue
+        if not read.region[-1].min.same_as(inner) or str(read.source.shape[-1]) != str(width):
+            return True
+    return False
+
+
 def _is_matmul_like(block) -> bool:
     """Two or more spatial axes and a reduction: worth a register tile over rows and columns."""
     kinds = [int(iv.iter_type) for iv in block.iter_vars]
@@ -377,24 +421,72 @@ def _split(sch, stats, loop, factors, what):
     return None
 
 
-def _register_tile_shape(row_extent: int | None, col_vectors: int, registers: RegisterFile) -> tuple[int, int]:
-    """(rows, column vectors) of the accumulator tile. Half the vector registers hold
-    accumulators (16 of AVX-512's or NEON's 32); the rest hold one weight vector per column
-    vector and the broadcast rows, so LLVM spills nothing. When several rows share the weight
-    vectors there are at most an eighth of the registers of them (4 x 4 on 32 registers, 4 x 2
-    on AVX2's 16: rows first, since each broadcast feeds a whole row of FMAs). A single row
-    (batch 1, a GEMV) reuses no weight vector across rows, so all accumulators become column
-    vectors: more independent FMAs per broadcast. (A 4 x 3 tile on AVX2 was no faster.)"""
-    accumulators = registers.count // 2
-    widest = accumulators if row_extent == 1 else registers.count // 8
-    vectors = max(v for v in range(1, min(col_vectors, widest) + 1) if col_vectors % v == 0)
-    rows = 1
-    if row_extent is not None:
-        for r in range(min(MATMUL_ROW_UNROLL, row_extent), 0, -1):
-            if row_extent % r == 0 and r * vectors <= accumulators:
-                rows = r
-                break
-    return rows, vectors
+KEEP_AT_ROOT = "onnxfuse_keep_at_root"  # a block annotation: computed once per call, never inlined or tiled
+PADDED_COLUMNS = "onnxfuse_padded_columns"  # a GEMM block annotation: the N it is computed over
+
+
+def _kept_at_root(block) -> bool:
+    return KEEP_AT_ROOT in block.annotations
+
+
+def pad_gemm_columns(sch, stats: ScheduleStats, registers: RegisterFile) -> None:
+    """A small GEMM whose N is no multiple of the vector width (the seed gate's N = 30) is
+    computed over N padded to the next multiple (gemm_shapes.padded_columns): its weight is
+    copied once per call into a zero-padded [K, N'] buffer (kept at the root, outside the row
+    tiles), the GEMM runs whole column vectors into a padded result, and its consumers read the
+    first N columns of that result. Unpadded, schedule_matmul refused it and the GEMM ran as
+    scalar dot products. Done first, while the block's bindings are still trivial (pad_einsum
+    needs them)."""
+    for block_rv in _blocks(sch):
+        block = sch.get(block_rv)
+        if not _is_gemm(block):
+            continue
+        extents = [_static(iv.dom.extent) for iv in block.iter_vars]
+        cols, k = extents[-2], extents[-1]
+        if cols is None or k is None:
+            continue
+        padded = gemm_shapes.padded_columns(cols, k, _lanes(_block_dtype(block), registers))
+        if padded is None:
+            continue
+        before = {sch.get(b).name_hint for b in _blocks(sch)}
+        factors = [1] * (len(extents) - 2) + [padded, 1]
+        if not _try(stats, f"pad columns {block.name_hint}", lambda: sch.pad_einsum(block_rv, factors)):
+            continue
+        for producer in sch.get_producers(block_rv):
+            if sch.get(producer).name_hint not in before:
+                _try(stats, "keep the padded weight at the root", lambda: sch.annotate(producer, KEEP_AT_ROOT, 1))
+        _try(stats, f"mark padded {block.name_hint}", lambda: sch.annotate(block_rv, PADDED_COLUMNS, padded))
+        stats.gemm_columns_padded += 1
+
+
+def widen_padded_gemms(sch):
+    """compute_at bounds a GEMM under the row tile by what its consumers read, which shrinks a
+    padded GEMM's column loop back to N. Every padded column is still valid to compute (zero
+    weights, a result buffer N' wide), so that loop is given back its padded extent here, where
+    TVM's primitives cannot extend a loop. Returns the schedule (a new one if anything changed)."""
+    widen = {}
+    for block_rv in tir_walk.leaf_blocks(sch):
+        block = sch.get(block_rv)
+        padded = block.annotations.get(PADDED_COLUMNS)
+        loops = _own_loops(sch, block_rv)
+        if padded is None or len(loops) != len(block.iter_vars):
+            continue
+        column = sch.get(loops[-2])
+        binding = _sblock_realize(sch, block_rv).iter_values[-2]
+        if binding.same_as(column.loop_var) and _static(column.min) == 0 and _static(column.extent) != int(padded):
+            widen[column.loop_var] = int(padded)
+    if not widen:
+        return sch
+
+    def widened(loop):
+        extent = next((e for var, e in widen.items() if var.same_as(loop.loop_var)), None)
+        if extent is None:
+            return loop
+        return tvm.tirx.For(loop.loop_var, loop.min, tvm.tirx.IntImm(loop.extent.ty.dtype, extent), loop.kind,
+                            loop.body, loop.thread_binding, loop.annotations)
+
+    func = tvm_ffi.structural_map(sch.mod["main"], [(tvm.tirx.For, widened)], order="post")
+    return s_tir.Schedule(tvm.IRModule({"main": func}))
 
 
 def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile) -> bool:
@@ -421,7 +513,7 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile
     if cols is None or cols % lanes != 0 or _static(sch.get(k_loop).extent) is None:
         return False
     row_extent = _static(sch.get(spatial[-2]).extent)
-    rows, vectors = _register_tile_shape(row_extent, cols // lanes, registers)
+    rows, vectors = gemm_shapes.register_tile(row_extent, cols // lanes, registers)
     col_parts = _split(sch, stats, spatial[-1], [None, vectors, lanes], f"split cols {name}")
     if col_parts is None:
         return False
@@ -593,14 +685,15 @@ def nest_partial_sums(sch, stats: ScheduleStats, factored: list[tuple[str, str]]
 
 def schedule_loop_nests(sch, stats: ScheduleStats, registers: RegisterFile, done: frozenset[str] = frozenset()) -> None:
     """Schedules each leaf block's own loops, except the blocks named in `done`."""
+    gemm_results = [sch.get(b).writes[0].source for b in tir_walk.leaf_blocks(sch) if _is_gemm(sch.get(b))]
     for block_rv in tir_walk.leaf_blocks(sch):
         block = sch.get(block_rv)
-        if block.name_hint in done:
-            continue
+        if block.name_hint in done or _kept_at_root(block):
+            continue  # a padded weight copy stays scalar: vectorized across its rows it gathers
         if _is_reduction(block):
             schedule_reduction(sch, stats, block_rv, registers)
         elif block.body is not None and hasattr(block.body, "value"):
-            vectorize_elementwise(sch, stats, block_rv, registers)
+            vectorize_elementwise(sch, stats, block_rv, registers, gemm_results)
 
 
 # ---------------------------------------------------------------- entry point
@@ -628,6 +721,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     stats.blocks = len(_blocks(sch))
     stats.row_work = row_work(sch)
     widest_row = row_elements(sch)
+    pad_gemm_columns(sch, stats, registers)
     inline_cheap_producers(sch, stats, max_duplication)
     stats.gather_chain = tree_schedule.is_gather_chain(sch)
     separate_read_outputs(sch, stats)
@@ -645,6 +739,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
             if _try(stats, "parallel tiles", lambda: sch.parallel(outer)):
                 stats.parallel = True
     level_loops = tree_schedule.fuse_level_loops(sch) if tiled is not None and stats.gather_chain else frozenset()
+    sch = widen_padded_gemms(sch)
     nest_partial_sums(sch, stats, factored)
     # A row's final sum of the lanes is short and already in place around its partial sums.
     schedule_loop_nests(sch, stats, registers, done=frozenset(final for _, final in factored) | level_loops)

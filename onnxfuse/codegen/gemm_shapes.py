@@ -1,0 +1,55 @@
+"""Shape decisions for the GEMM micro-kernel (schedule.schedule_matmul), as plain functions of the
+matrix sizes and the register file, so each choice can be read and tested without TVM.
+
+Why per shape: gate cells have small K and N (10-64 each), tall-skinny batches and batch 1.
+A tile sized for wide matrices runs them badly: N = 30 is no multiple of AVX-512's 16 lanes,
+so the GEMM ran as scalar dot products (the seed gate `[1000, 10] @ [10, 30]` at 0.58x
+onnxruntime).
+
+Tried and slower on the seed gate (fused, through onnxruntime, batch 1,000, 3 runs): unrolling
+K = 10 completely (0.59-0.63x against 1.14-1.26x kept as a loop: LLVM then hoists all 20 weight
+vectors, invariant across row tiles, out of the tile loop and spills the accumulators).
+"""
+
+from __future__ import annotations
+
+from .register_file import RegisterFile
+
+ROW_UNROLL = 4  # rows of the register tile when the columns fill it (wide matrices)
+PAD_MAX_WEIGHT_ELEMENTS = 4096  # pad N only for weights up to 64 x 64: the padded copy is made every call
+
+
+def padded_columns(cols: int, k: int, lanes: int) -> int | None:
+    """The column count to compute a GEMM with N = `cols` over, when N is no multiple of the
+    vector width: the next multiple, so every column vector is whole and runs unpredicated (the
+    pad columns are computed from zero weights and never read). None when N is a multiple
+    already, or when the padded weight copy (K x padded N, made on every call) would cost more
+    than a small GEMM gains from it."""
+    if cols % lanes == 0:
+        return None
+    padded = -(-cols // lanes) * lanes
+    return padded if k * padded <= PAD_MAX_WEIGHT_ELEMENTS else None
+
+
+def register_tile(row_extent: int | None, col_vectors: int, registers: RegisterFile) -> tuple[int, int]:
+    """(rows, column vectors) of the accumulator tile.
+
+    Half the vector registers hold accumulators (16 of AVX-512's or NEON's 32); the rest hold
+    one weight vector per column vector and the broadcast rows, so LLVM spills nothing. When
+    several rows share the weight vectors there are at most an eighth of the registers of them
+    (4 x 4 on 32 registers, 4 x 2 on AVX2's 16: rows first, since each broadcast feeds a whole
+    row of FMAs). A single row (batch 1, a GEMV) reuses no weight vector across rows, so every
+    accumulator becomes a column vector: more independent FMAs per broadcast.
+    Tried and slower: 4 x 3 on AVX2; 8 x 2, 2 x 8 and 8 x 4 on the LSTM cell's 256 columns; and
+    for the seed gate's 32 padded columns 8 x 2 (its 16 accumulators beside 2 weight vectors and
+    8 broadcasts: 1.14-1.26x onnxruntime at batch 1,000 against 1.20-1.38x for 4 x 2, 3 runs)."""
+    accumulators = registers.count // 2
+    widest = accumulators if row_extent == 1 else registers.count // 8
+    vectors = max(v for v in range(1, min(col_vectors, widest) + 1) if col_vectors % v == 0)
+    rows = 1
+    if row_extent is not None:
+        for r in range(min(ROW_UNROLL, row_extent), 0, -1):
+            if row_extent % r == 0 and r * vectors <= accumulators:
+                rows = r
+                break
+    return rows, vectors
