@@ -11,6 +11,7 @@ Why the measurement is shaped this way:
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -43,12 +44,15 @@ class Timing:
     rounds: int
     calls_per_round: int
     paired_speedup: float | None = None
+    paired_band: tuple[float, float] | None = None  # the 95% interval of paired_speedup (median_interval)
 
     def to_json(self) -> dict:
         out = {"median_ms": _ms(self.median), "p10_ms": _ms(self.p10), "p90_ms": _ms(self.p90),
                "rounds": self.rounds, "calls_per_round": self.calls_per_round}
         if self.paired_speedup is not None:
             out["paired_speedup"] = round(self.paired_speedup, 3)
+        if self.paired_band is not None:
+            out["paired_band"] = [round(x, 3) for x in self.paired_band]
         return out
 
 
@@ -117,9 +121,35 @@ def race(contenders: Sequence[Contender], reference: dict[str, np.ndarray], roun
     baseline = samples[0] if timed and timed[0][0] is contenders[0] else None
     for (contender, reps), s in zip(timed, samples):
         p10, p90 = np.percentile(s, [10, 90])
-        paired = statistics.median(b / x for b, x in zip(baseline, s)) if baseline is not None else None
-        results[contender.name] = Timing(statistics.median(s), float(p10), float(p90), rounds, reps, paired)
+        ratios = [b / x for b, x in zip(baseline, s)] if baseline is not None else None
+        paired = statistics.median(ratios) if ratios else None
+        band = median_interval(ratios) if ratios else None
+        results[contender.name] = Timing(statistics.median(s), float(p10), float(p90), rounds, reps, paired, band)
     return {c.name: results[c.name] for c in contenders}
+
+
+def median_interval(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """An interval that holds the true median of what `samples` were drawn from with at least
+    `confidence` (or the whole range, when there are too few samples for that).
+
+    Distribution-free: the median lies below the k-th smallest of n samples with the binomial
+    probability P(Binomial(n, 1/2) >= k), whatever the timings' distribution (skewed, with a
+    few rounds hit by another job); so the interval is [k-th smallest, k-th largest] for the
+    largest k that keeps both tails within (1 - confidence) / 2. 15 rounds give the 4th and
+    12th of the sorted ratios (96%)."""
+    ordered = sorted(samples)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("no samples")
+    tail = (1 - confidence) / 2
+    k, below = 0, 0.0  # below: P(Binomial(n, 1/2) <= k - 1), the chance the median is under the k-th
+    while k < n // 2:
+        below_next = below + math.comb(n, k) / 2**n
+        if below_next > tail:
+            break
+        below, k = below_next, k + 1
+    lo = max(k - 1, 0)
+    return ordered[lo], ordered[n - 1 - lo]
 
 
 def calls_per_round(once: float, round_seconds: float) -> int:

@@ -15,6 +15,17 @@ out measured slower:
 - a reduction of a convolution's result (a global average pool written as ReduceMean), which
   counts as a convolution for the rule above: mobilenet_tiny_dynamo's SiLU + ReduceMean kernel
   took 0.18-0.33x of onnxruntime's time on its own, and the model ran at 0.66-0.82x with it.
+
+One more kind of node stays with onnxruntime for how our schedule handles it, not for its op:
+
+- a node whose output holds the batch in its *last* axis behind a static first one (batch-last
+  layout: Hummingbird's GEMM strategy for trees computes `W @ X^T`, [2550, 28] @ [28, N] ->
+  [2550, N], and keeps that layout through its Reshape/Less/Equal/Cast epilogue). The row
+  tiles then run over the batch, so every access strides by the batch: a GEMM gets no register
+  tile (it needs static columns) and ran 4-8x slower than onnxruntime's; the elementwise
+  epilogue alone 7-35x; and with a Reshape after the product every row tile recomputed the
+  product over the whole batch, quadratic in it (hb_xgb_gemm's groups 100-850x slower at batch
+  64-256; the model 0.01x of onnxruntime). A batch in a middle axis ([seq, N, H]) is fine.
 """
 
 from __future__ import annotations
@@ -46,6 +57,10 @@ def leave_to_onnxruntime(graph: Graph) -> dict[int, str]:
     onnxruntime runs much faster, and the epilogue it fuses into a Conv of its own."""
     reasons: dict[int, str] = {}
     for node in graph.nodes:
+        if has_batch_last_layout(graph, node):
+            reasons[node.index] = ("auto: its output holds the batch in the last axis (batch-last layout, e.g. W @ X^T): "
+                                   "our schedule strides every access by the batch there, onnxruntime is many times "
+                                   "faster")
         if not uncompetitive_ops([node.op_type]) or node.domain not in ("", "ai.onnx"):
             continue
         reasons[node.index] = _why([node.op_type])
@@ -65,6 +80,15 @@ def leave_to_onnxruntime(graph: Graph) -> dict[int, str]:
         reasons[index] = ("auto: elementwise between convolutions, which onnxruntime runs in its blocked "
                           "layout; a kernel here would cost two layout conversions")
     return reasons
+
+
+def has_batch_last_layout(graph: Graph, node: Node) -> bool:
+    """Whether the node's first output has a static first axis over 1 and a symbolic last one: the
+    batch runs along its contiguous axis (see the module doc)."""
+    if not node.outputs or not node.outputs[0]:
+        return False
+    shape = graph.value(node.outputs[0]).shape
+    return bool(shape) and len(shape) >= 2 and isinstance(shape[0], int) and shape[0] > 1 and not isinstance(shape[-1], int)
 
 
 def _reductions_of(graph: Graph, producers: set[int]) -> list[int]:
