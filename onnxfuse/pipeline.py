@@ -44,6 +44,7 @@ from .progress import Progress
 from .runtime.library import build_library
 from .select import SELECTIONS
 from .select.auto import auto_rejects, leave_to_onnxruntime
+from .select.decisions import DecisionCache
 from .select.measured import judge_groups
 from .select.whole_model import check_whole_model
 from .target import Target, resolve_target
@@ -373,10 +374,11 @@ def _select_measured(graph: Graph, outcomes: list[GroupOutcome], tgt: Target, bu
     if not kernels:
         return outcomes, {}
     library = _build_library([k for _, k in kernels.values()], build_dir / "measure.so", tgt)
-    verdicts = judge_groups(graph, kernels, library, options.select_batches, options.threads, progress.note)
+    decisions = DecisionCache(options.kernel_cache().root)  # verdicts timed before on this machine class
+    verdicts = judge_groups(graph, kernels, library, options.select_batches, options.threads, progress.note, decisions)
     kept = {name: pair for name, pair in kernels.items() if name not in verdicts.dropped}
     whole = check_whole_model(graph, kept, verdicts.gains_us, library, tgt.name, options.select_batches,
-                              options.threads, progress.note)
+                              options.threads, progress.note, decisions)
     dropped = {**verdicts.dropped, **whole.dropped}
     decided = []
     for o in outcomes:

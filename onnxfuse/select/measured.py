@@ -20,6 +20,7 @@ kernel near either bound has little left to gain.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import statistics
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from ..measure.timing import (
     timing_session,
 )
 from ..package import custom_op_node
+from .decisions import DecisionCache, decision_key
 
 ROUNDS = 15
 WIDEN_ROUNDS = 15  # rounds added while a verdict is unsure
@@ -234,20 +236,42 @@ class GroupVerdicts:
     copy_gbs: float = 0.0
     gemm_peaks: dict[int, float] = field(default_factory=dict)
     call_floors: dict[int, float] = field(default_factory=dict)
+    cached: list[str] = field(default_factory=list)  # groups whose measurements came from the decision cache
 
     def summary(self) -> dict:
         return {"copy_bandwidth_gbs": self.copy_gbs,
                 "gemm_peak_gflops": {str(t): p for t, p in self.gemm_peaks.items()},
-                "call_floor_us": {str(t): us for t, us in self.call_floors.items()}}
+                "call_floor_us": {str(t): us for t, us in self.call_floors.items()},
+                "decisions_cached": list(self.cached)}
+
+
+def cached_measurements(decisions: DecisionCache | None, key: str, measure) -> tuple[list[Measurement], bool]:
+    """The measurements stored under `key`, or `measure()`'s (then stored); and whether cached."""
+    stored = decisions.load(key) if decisions is not None else None
+    if stored is not None:
+        try:
+            return [Measurement(**{**m, "band": tuple(m["band"]) if m.get("band") else None}) for m in stored], True
+        except TypeError:
+            pass  # written by another layout of Measurement: time again
+    measurements = measure()
+    if decisions is not None:
+        decisions.store(key, [dataclasses.asdict(m) for m in measurements])
+    return measurements, False
 
 
 def judge_groups(graph, kernels: dict[str, tuple[FusedGroup, GroupKernel]], library: Path,
-                 batches: tuple[int, ...], threads: tuple[int, ...], note=lambda text: None) -> GroupVerdicts:
+                 batches: tuple[int, ...], threads: tuple[int, ...], note=lambda text: None,
+                 decisions: DecisionCache | None = None) -> GroupVerdicts:
     """Time every kernel (all in `library`) against onnxruntime on its group's own nodes and
-    decide which to keep (kernel_is_worth_keeping)."""
+    decide which to keep (kernel_is_worth_keeping). With `decisions`, a kernel timed before on
+    this machine class, on the same group, is not timed again (select/decisions.py)."""
     verdicts = GroupVerdicts(copy_gbs=copy_bandwidth_gbs(COPY_MEGABYTES))
     for name, (group, kernel) in kernels.items():
-        measurements = measure_group(group, kernel, extract_group(graph, group), library, batches, threads)
+        group_model = extract_group(graph, group)
+        key = decision_key("group", kernel.spec.name.encode() + group_model.SerializeToString(deterministic=True),
+                           batches, threads)
+        measurements, cached = cached_measurements(
+            decisions, key, lambda: measure_group(group, kernel, group_model, library, batches, threads))  # noqa: B023
         for m in measurements:  # the GEMM peak and an empty call's cost, once per thread count that needs them
             if m.flops and m.threads not in verdicts.gemm_peaks:
                 verdicts.gemm_peaks[m.threads] = gemm_peak_gflops(m.threads)
@@ -259,7 +283,9 @@ def judge_groups(graph, kernels: dict[str, tuple[FusedGroup, GroupKernel]], libr
             verdicts.gains_us[name] = sum(m.gain_us for m in measurements)
         else:
             verdicts.dropped[name] = why_dropped(measurements)
-        note(f"{name}: " + ", ".join(
+        if cached:
+            verdicts.cached.append(name)
+        note(f"{name}: " + ("(timed before) " if cached else "") + ", ".join(
             f"batch {m.batch}×{m.threads}t: kernel {m.kernel_us:.1f} µs vs onnxruntime {m.onnxruntime_us:.1f} µs"
             for m in measurements) + ("" if keep else " → onnxruntime kept"))
     return verdicts

@@ -17,7 +17,9 @@ slower: onnxruntime keeps what could not be shown not to lose.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +40,7 @@ from ..measure.timing import (
 )
 from ..package import package_model
 from ..report import whole_model_step_line
+from .decisions import DecisionCache, decision_key
 
 TOLERANCE = 0.02  # slower by up to 2% counts as not slower: whole-model timings on a shared VM vary that much
 ROUNDS = 15
@@ -214,10 +217,30 @@ class WholeModelVerdict:
     summary: dict
 
 
+def replayed(recorded: list | None, time_model: Callable[[Sequence[str]], Sequence[Comparison]]):
+    """A time_model that returns the `recorded` timings in order (then times for real), and the
+    list of every timing it returned, to store: choose_kept, given the same timings, takes the
+    same steps."""
+    pending = list(recorded or [])
+    returned: list[list[dict]] = []
+
+    def timed(names):
+        if pending:
+            comparisons = [Comparison(**{**c, "band": tuple(c["band"]) if c.get("band") else None})
+                           for c in pending.pop(0)]
+        else:
+            comparisons = list(time_model(names))
+        returned.append([dataclasses.asdict(c) for c in comparisons])
+        return comparisons
+    return timed, returned
+
+
 def check_whole_model(graph: Graph, kept: dict[str, tuple[FusedGroup, GroupKernel]], gains: dict[str, float],
                       library, target_name: str, batches: Sequence[int], threads: Sequence[int],
-                      note=lambda text: None) -> WholeModelVerdict:
-    """Drop kept groups, least gain first, while the whole fused model is slower than the original."""
+                      note=lambda text: None, decisions: DecisionCache | None = None) -> WholeModelVerdict:
+    """Drop kept groups, least gain first, while the whole fused model is slower than the original.
+    With `decisions`, the timings of an earlier run on this machine class with the same model,
+    kernels and gains are replayed instead of taken again (select/decisions.py)."""
     if graph.model.ByteSize() > TIMED_MODEL_LIMIT:
         return WholeModelVerdict({}, {"skipped": "the model is too large to time from memory"})
     original = graph.model.SerializeToString()
@@ -226,10 +249,16 @@ def check_whole_model(graph: Graph, kept: dict[str, tuple[FusedGroup, GroupKerne
         fused = package_model(graph, [kept[n] for n in names], library.name, target_name)
         return time_against_original(original, fused.SerializeToString(), library, batches, threads)
 
+    kernels = json.dumps(sorted((name, kept[name][1].spec.name, gains[name]) for name in gains)).encode()
+    key = decision_key("model", original + kernels, batches, threads)
+    recorded = decisions.load(key) if decisions is not None else None
+    timed, timings = replayed(recorded, time_model)
     try:
-        steps = choose_kept(gains, time_model)
+        steps = choose_kept(gains, timed)
     except Exception as exc:  # e.g. onnxruntime rejects random inputs for the whole model
         return WholeModelVerdict({}, {"skipped": f"the whole model could not be timed: {first_line(exc)}"})
+    if decisions is not None and timings != recorded:
+        decisions.store(key, timings)
     for step in steps:
         note(whole_model_step_line(step.to_json()))
     dropped = {}
@@ -239,4 +268,5 @@ def check_whole_model(graph: Graph, kept: dict[str, tuple[FusedGroup, GroupKerne
         dropped[name] = (f"dropped by the whole-model check: the model with it ran {worst.fused_ms:.4g} ms vs "
                          f"onnxruntime {worst.onnxruntime_ms:.4g} ms (batch {worst.batch}, {worst.threads} threads; "
                          f"{worst.ratio:.3f}× in paired rounds, {verdict})")
-    return WholeModelVerdict(dropped, {"tolerance": TOLERANCE, "steps": [s.to_json() for s in steps]})
+    return WholeModelVerdict(dropped, {"tolerance": TOLERANCE, "steps": [s.to_json() for s in steps],
+                                       "timed_before": recorded is not None})
