@@ -84,10 +84,24 @@ def check_outputs(reference: dict[str, np.ndarray], actual: dict[str, np.ndarray
     return None
 
 
+def round_clock(threads: int) -> Callable[[], float]:
+    """The clock that times a round at `threads` intra-op threads: the calling thread's CPU time
+    at 1 thread, wall time otherwise.
+
+    At 1 thread onnxruntime runs every node, and our kernels, on the calling thread, so its CPU
+    time is the whole cost of a call, without the time other processes held the core. On this
+    2-vCPU VM under a load of 6, branchy_cell_ts at batch 1 measured 50-80 us per call by the wall
+    clock (bands of the speedup 0.36-1.44 wide, the same model against itself 0.63-1.35) and 9.5-11.4 us
+    by CPU time, three repeats agreeing to 0.02 (kernel 0.86-0.88x, the same model against
+    itself 1.02-1.03x). With a pool, its threads' work would be missed: wall time there."""
+    return time.thread_time if threads == 1 else time.perf_counter
+
+
 def race(contenders: Sequence[Contender], reference: dict[str, np.ndarray], rounds: int = ROUNDS,
-         round_seconds: float = ROUND_SECONDS, budget_seconds: float = BUDGET_SECONDS) -> dict[str, Timing | str]:
+         round_seconds: float = ROUND_SECONDS, budget_seconds: float = BUDGET_SECONDS,
+         clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing | str]:
     """Check every contender against `reference` (but those with checked=False), then time the ones
-    that match in alternating rounds.
+    that match in alternating rounds (timed by `clock`: round_clock).
 
     Returns contender name → Timing, or → the reason it was not timed (failed or differed).
     """
@@ -115,7 +129,7 @@ def race(contenders: Sequence[Contender], reference: dict[str, np.ndarray], roun
         round_cost += reps * once
     rounds = max(min(rounds, MIN_ROUNDS), min(rounds, int(budget_seconds / max(round_cost, 1e-9))))
 
-    samples = alternating_rounds([c.call for c, _ in timed], [reps for _, reps in timed], rounds)
+    samples = alternating_rounds([c.call for c, _ in timed], [reps for _, reps in timed], rounds, clock=clock)
     # Ratios are taken round by round against the first contender (the baseline) when it was timed
     # in rounds too: a VM that slows down for a few rounds then slows both sides of each ratio.
     baseline = samples[0] if timed and timed[0][0] is contenders[0] else None
@@ -158,7 +172,8 @@ def calls_per_round(once: float, round_seconds: float) -> int:
 
 
 def alternating_rounds(calls: Sequence[Callable[[], object]], reps: Sequence[int], rounds: int,
-                       wait_until_idle: Callable[[], object] = idle.wait_until_idle) -> list[list[float]]:
+                       wait_until_idle: Callable[[], object] = idle.wait_until_idle,
+                       clock: Callable[[], float] = time.perf_counter) -> list[list[float]]:
     """Seconds per call of each of `calls`, one sample per round, the calls taking turns.
 
     Taking turns matters: a slow phase of the machine then slows every contender alike, and
@@ -174,10 +189,10 @@ def alternating_rounds(calls: Sequence[Callable[[], object]], reps: Sequence[int
             call = calls[k]
             if len(calls) > 1:
                 wait_until_idle()
-            start = time.perf_counter()
+            start = clock()
             for _ in range(reps[k]):
                 call()
-            samples[k].append((time.perf_counter() - start) / reps[k])
+            samples[k].append((clock() - start) / reps[k])
     return samples
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from ..measure.timing import (
     calls_per_round,
     has_symbolic_inputs,
     median_interval,
+    round_clock,
     timing_session,
 )
 from ..package import custom_op_node
@@ -159,7 +161,8 @@ def measure_group(
             if clear:
                 results.append(Measurement(batch, n_threads, once[0] * 1e6, once[1] * 1e6, moved, flops))
                 continue
-            kernel_s, ort_s = sample_until_sure(functools.partial(alternate_samples, calls, once))
+            kernel_s, ort_s = sample_until_sure(
+                functools.partial(alternate_samples, calls, once, clock=round_clock(n_threads)))
             speedups = [o / k for k, o in zip(kernel_s, ort_s)]
             results.append(Measurement(batch, n_threads, statistics.median(kernel_s) * 1e6,
                                        statistics.median(ort_s) * 1e6, moved, flops, statistics.median(speedups),
@@ -192,11 +195,12 @@ def sample_until_sure(sample, rounds: int = ROUNDS, widen: int = WIDEN_ROUNDS,
 
 
 def alternate_samples(contenders, once: list[float], rounds: int = ROUNDS,
-                      round_seconds: float = ROUND_SECONDS) -> list[list[float]]:
+                      round_seconds: float = ROUND_SECONDS, clock=time.perf_counter) -> list[list[float]]:
     """Seconds per call of each contender, one sample per round, timed in alternating rounds
-    (bench's timer); `once` is one call's seconds per contender, to size the rounds."""
+    (bench's timer) by `clock` (round_clock); `once` is one call's seconds per contender, to
+    size the rounds."""
     reps = [calls_per_round(o, round_seconds) for o in once]
-    return alternating_rounds(contenders, reps, rounds)
+    return alternating_rounds(contenders, reps, rounds, clock=clock)
 
 
 def kernel_is_worth_keeping(measurements: list[Measurement]) -> bool:

@@ -36,6 +36,7 @@ from ..measure.timing import (
     calls_per_round,
     has_symbolic_inputs,
     median_interval,
+    round_clock,
     timing_session,
 )
 from ..package import package_model
@@ -201,7 +202,8 @@ def time_against_original(original: bytes, fused: bytes, library, batches: Seque
             fused_feeds = {i.name: feeds[i.name] for i in fused_session.get_inputs()}
             calls = [bound_call(fused_session, fused_feeds), bound_call(original_session, feeds)]
             reps = [calls_per_round(best_of_three(call), ROUND_SECONDS) for call in calls]
-            fused_s, ort_s = ratios_until_sure(functools.partial(alternating_rounds, calls, reps))
+            fused_s, ort_s = ratios_until_sure(
+                functools.partial(alternating_rounds, calls, reps, clock=round_clock(n_threads)))
             ratios = [f / o for f, o in zip(fused_s, ort_s)]
             results.append(Comparison(batch, n_threads, statistics.median(fused_s) * 1e3,
                                       statistics.median(ort_s) * 1e3, statistics.median(ratios),
