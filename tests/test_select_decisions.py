@@ -6,6 +6,7 @@ from __future__ import annotations
 import onnx
 from onnx_builder import model, node, weights
 
+import onnxfuse.select.measured
 from onnxfuse import optimize
 from onnxfuse.select.decisions import DecisionCache, decision_key, machine_class
 from onnxfuse.select.measured import Measurement, cached_measurements
@@ -67,12 +68,30 @@ def test_whole_model_timings_replayed_give_the_same_steps_without_timing():
     assert [s.to_json() for s in steps_again] == [s.to_json() for s in steps] and replayed_timings == timings
 
 
-def test_measured_selection_run_twice_decides_the_same_and_times_nothing_the_second_time(tmp_path):
-    path = tmp_path / "two.onnx"
+def two_groups(path):
     onnx.save(model([node("Mul", ["x", "w1"], "m1"), node("Sigmoid", ["m1"], "y1"),
                      node("Add", ["x", "w2"], "a2"), node("Tanh", ["a2"], "y2")],
                     {"x": ("N", 16)}, {"y1": ("N", 16), "y2": ("N", 16)},
                     {"w1": weights(16), "w2": weights(16, seed=1)}), str(path))
+    return path
+
+
+def test_a_group_that_cannot_be_timed_stays_with_onnxruntime(tmp_path, monkeypatch):
+    """Random inputs a group's nodes refuse (symbolic dims that must agree) must not fail the
+    whole optimize: the group is not shown faster, so onnxruntime keeps it."""
+    def refuses(*args):
+        raise RuntimeError("MatMul dimension mismatch")
+
+    monkeypatch.setattr(onnxfuse.select.measured, "measure_group", refuses)
+    report = optimize(two_groups(tmp_path / "two.onnx"), tmp_path / "out" / "two.fused.onnx",
+                      cache_dir=tmp_path / "cache", jobs=1, select="measured", select_batches=(1, 4)).report
+    assert [g["status"] for g in report["groups"]] == ["fallback", "fallback"]
+    assert all(g["reason"] == "measured: could not be timed, so onnxruntime keeps it: MatMul dimension mismatch"
+               for g in report["groups"])
+
+
+def test_measured_selection_run_twice_decides_the_same_and_times_nothing_the_second_time(tmp_path):
+    path = two_groups(tmp_path / "two.onnx")
     runs = [optimize(path, tmp_path / f"out{k}" / "two.fused.onnx", cache_dir=tmp_path / "cache", jobs=1,
                      select="measured", select_batches=(1, 4)).report for k in range(2)]
     first, second = ({g["name"]: (g["status"] != "fallback", g.get("reason")) for g in r["groups"]} for r in runs)

@@ -30,6 +30,7 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
+from ..errors import first_line
 from ..fusion.extract import extract_group
 from ..fusion.plan import FusedGroup
 from ..kernel_spec import DOMAIN, DOMAIN_VERSION, GroupKernel
@@ -274,8 +275,13 @@ def judge_groups(graph, kernels: dict[str, tuple[FusedGroup, GroupKernel]], libr
         group_model = extract_group(graph, group)
         key = decision_key("group", kernel.spec.name.encode() + group_model.SerializeToString(deterministic=True),
                            batches, threads)
-        measurements, cached = cached_measurements(
-            decisions, key, lambda: measure_group(group, kernel, group_model, library, batches, threads))  # noqa: B023
+        try:
+            measurements, cached = cached_measurements(
+                decisions, key, lambda: measure_group(group, kernel, group_model, library, batches, threads))  # noqa: B023
+        except Exception as exc:  # random inputs the group's nodes refuse (dims that must agree), ...
+            verdicts.dropped[name] = f"measured: could not be timed, so onnxruntime keeps it: {first_line(exc)}"
+            note(f"{name}: not timed ({first_line(exc)}) → onnxruntime kept")
+            continue
         for m in measurements:  # the GEMM peak and an empty call's cost, once per thread count that needs them
             if m.flops and m.threads not in verdicts.gemm_peaks:
                 verdicts.gemm_peaks[m.threads] = gemm_peak_gflops(m.threads)
