@@ -1,6 +1,7 @@
-"""`--select auto` leaves nodes in batch-last layout to onnxruntime (select/auto.py): an output with
-a static first axis and the batch in its last one, where our schedule strides every access by
-the batch (docs/selection.md). Only the plan is asserted here; the output still matches."""
+"""`--select auto`'s rules calibrated by measurement (select/auto.py, docs/selection.md): nodes in
+batch-last layout (a static first axis, the batch in the last one, where our schedule strides
+every access by the batch) and groups that only move data stay with onnxruntime. Only plans and
+decisions are asserted here; the outputs still match onnxruntime."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from onnx_builder import const_i64, model, node, weights
 import onnxfuse
 from onnxfuse.frontend.loader import load_model
 from onnxfuse.fusion.plan import plan_fusion
-from onnxfuse.select.auto import leave_to_onnxruntime
+from onnxfuse.select.auto import auto_rejects, leave_to_onnxruntime, only_moves_data
 
 
 def save(tmp_path, proto, name="m.onnx"):
@@ -70,3 +71,27 @@ def test_the_output_with_batch_last_nodes_left_out_matches_onnxruntime(tmp_path,
     feeds = {"X": np.random.default_rng(0).standard_normal((5, 28)).astype(np.float32)}
     expected, actual = run_both(source, result.model_path, feeds)
     assert_outputs_match(expected, actual)
+
+
+def test_a_group_that_only_moves_data_is_declined_and_one_that_computes_is_not(tmp_path, cache):
+    """The Transpose + Reshape exporters put after a GRU: onnxruntime keeps it."""
+    moves = model([node("Transpose", ["X"], "t", perm=[0, 2, 1, 3]), node("Reshape", ["t", "shape"], "Y")],
+                  {"X": [8, 2, "N", 16]}, {"Y": [8, "N", 32]}, {"shape": const_i64(8, -1, 32)})
+    computes = model([node("Transpose", ["X"], "t", perm=[0, 2, 1, 3]), node("Tanh", ["t"], "h"),
+                      node("Reshape", ["h", "shape"], "Y")],
+                     {"X": [8, 2, "N", 16]}, {"Y": [8, "N", 32]}, {"shape": const_i64(8, -1, 32)})
+    assert only_moves_data(("Transpose", "Reshape")) and only_moves_data(("Gather", "Unsqueeze", "Concat"))
+    assert not only_moves_data(("Transpose", "Tanh", "Reshape")) and not only_moves_data(())
+    for proto, name, declined in ((moves, "moves.onnx", True), (computes, "computes.onnx", False)):
+        source = save(tmp_path, proto, name)
+        plan, _ = plan_of(source)
+        assert len(plan.groups) == 1
+        assert (auto_rejects(plan.groups[0]) is not None) == declined
+        result = onnxfuse.optimize(source, tmp_path / "out" / f"{name}.fused.onnx", cache_dir=cache, jobs=1)
+        group = result.report["groups"][0]
+        assert (group["status"] == "fallback") == declined
+        if declined:
+            assert group["fallback_kind"] == "declined" and "only moves data" in group["reason"]
+        feeds = {"X": np.random.default_rng(1).standard_normal((8, 2, 3, 16)).astype(np.float32)}
+        expected, actual = run_both(source, result.model_path, feeds)
+        assert_outputs_match(expected, actual)
