@@ -116,14 +116,15 @@ def batch_dimension(entry: dict) -> str | None:
 
 # -- one model ------------------------------------------------------------------------------------
 
-def sweep_model(name: str, model: dict, batches: tuple[int, ...], confirm: bool) -> dict:
-    """Optimize with the defaults, then time every size; slower runs are timed once more."""
+def sweep_model(name: str, model: dict, batches: tuple[int, ...], confirm: bool, select: str = "auto") -> dict:
+    """Optimize with the defaults (or `select`), then time every size; slower runs are timed once more."""
     path = model["path"]
     fused = WORK / f"{name}.fused.onnx"
     row: dict = {"model": name, "runs": []}
     started = time.perf_counter()
     try:
-        report = optimize(path, fused, cache_dir=str(KERNELS)).report
+        options = {} if select == "auto" else {"select": select, "select_batches": batches}
+        report = optimize(path, fused, cache_dir=str(KERNELS), **options).report
     except OnnxfuseError as exc:
         return {**row, "error": f"optimize: {short_reason(exc)}"}
     row.update(optimize_seconds=round(time.perf_counter() - started, 1),
@@ -254,9 +255,12 @@ def main(argv=None) -> int:
     parser.add_argument("--only", help="Comma-separated model names (from any set).")
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="Batch sizes (symbolic models).")
     parser.add_argument("--no-confirm", action="store_true", help="Do not time slower runs again.")
+    parser.add_argument("--select", default="auto", help="optimize --select (default: the default, auto); "
+                                                         "measured selects at --batches.")
     parser.add_argument("--out", default="default_sweep", help="Name of the result files in benchmarks/results/.")
     parser.add_argument("--render", help="Comma-separated result JSON files of earlier sweeps: print them as one "
-                                         "table, verdicts taken again (no timing).")
+                                         "table (a model in a later file replaces it in an earlier one), verdicts "
+                                         "taken again (no timing).")
     args = parser.parse_args(argv)
     if args.render:
         return render([Path(f) for f in args.render.split(",")], args.out)
@@ -276,7 +280,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     rows = []
     for name, model in models.items():
-        rows.append(sweep_model(name, model, batches, not args.no_confirm))
+        rows.append(sweep_model(name, model, batches, not args.no_confirm, args.select))
         log(f"{name}: " + ", ".join(f"{r['label']} {r.get('speedup') or 'n/a'} {r.get('verdict', r.get('error', ''))}"
                                     for r in rows[-1].get("runs", [])) or rows[-1].get("error", ""))
     seconds = time.perf_counter() - started
@@ -300,7 +304,8 @@ def main(argv=None) -> int:
 
 def render(files: list[Path], out: str) -> int:
     reports = [json.loads(f.read_text()) for f in files]
-    rows = rejudged([row for r in reports for row in r["models"]])
+    latest = {row["model"]: row for r in reports for row in r["models"]}  # a later sweep of a model replaces it
+    rows = rejudged(list(latest.values()))
     head = "\n".join(f"{r['date']}, `{r['command']}`, {r['seconds'] / 60:.1f} min." for r in reports)
     machine = reports[0]["machine"]
     head += (f"\n{machine['cpu']}, {machine['cores']} cores; onnxruntime {machine['onnxruntime']}, TVM "

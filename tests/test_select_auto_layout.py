@@ -95,3 +95,18 @@ def test_a_group_that_only_moves_data_is_declined_and_one_that_computes_is_not(t
         feeds = {"X": np.random.default_rng(1).standard_normal((8, 2, 3, 16)).astype(np.float32)}
         expected, actual = run_both(source, result.model_path, feeds)
         assert_outputs_match(expected, actual)
+
+
+def test_a_product_with_symbolic_columns_and_its_elementwise_chain_stay_with_onnxruntime(tmp_path):
+    """Attention scores Q @ K^T * scale: the columns are the symbolic sequence."""
+    scores = model([node("MatMul", ["Q", "K"], "qk"), node("Mul", ["qk", "scale"], "s"),
+                    node("Softmax", ["s"], "Y", axis=-1)],
+                   {"Q": ["N", 4, "seq", 8], "K": ["N", 4, 8, "seq"]}, {"Y": ["N", 4, "seq", "seq"]},
+                   {"scale": np.array(0.35, dtype=np.float32)})
+    plan, reasons = plan_of(save(tmp_path, scores))
+    assert all("symbolic columns" in reasons[op] for op in ("MatMul", "Mul"))
+    assert not any("MatMul" in g.op_types for g in plan.groups)
+    static = model([node("MatMul", ["X", "W"], "m"), node("Relu", ["m"], "Y")],
+                   {"X": ["N", "seq", 64]}, {"Y": ["N", "seq", 32]}, {"W": weights(64, 32)})
+    plan, reasons = plan_of(save(tmp_path, static, "static.onnx"))
+    assert [g.op_types for g in plan.groups] == [("MatMul", "Relu")] and not reasons

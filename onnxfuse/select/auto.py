@@ -27,6 +27,12 @@ One more kind of node stays with onnxruntime for how our schedule handles it, no
   product over the whole batch, quadratic in it (hb_xgb_gemm's groups 100-850x slower at batch
   64-256; the model 0.01x of onnxruntime). A batch in a middle axis ([seq, N, H]) is fine.
 
+- a MatMul or Gemm whose output's last axis (its columns) is symbolic, e.g. attention scores
+  `Q @ K^T` = [N, heads, seq, seq], with the elementwise chain that only it reads (the scale,
+  the mask): the register-tiled GEMM needs static columns, so the product runs an untiled
+  loop. bert_tiny_2l_ts's score groups (MatMul, Mul) took 0.61x and 0.74x of onnxruntime's time
+  at batch 64 (1 thread), and the model ran at 0.91-0.96x at batch 1 and 64.
+
 And one kind of group:
 
 - a group that only moves data (every op injective: Transpose, Reshape, Gather, Concat, ...):
@@ -77,6 +83,10 @@ def leave_to_onnxruntime(graph: Graph) -> dict[int, str]:
     onnxruntime runs much faster, and the epilogue it fuses into a Conv of its own."""
     reasons: dict[int, str] = {}
     for node in graph.nodes:
+        if has_symbolic_columns(graph, node):
+            for index in [node.index, *(n.index for n in _elementwise_chain(graph, node))]:
+                reasons[index] = ("auto: a matrix product with symbolic columns (e.g. attention scores), or its "
+                                  "elementwise epilogue: our GEMM schedule needs static columns, onnxruntime's is faster")
         if has_batch_last_layout(graph, node):
             reasons[node.index] = ("auto: its output holds the batch in the last axis (batch-last layout, e.g. W @ X^T): "
                                    "our schedule strides every access by the batch there, onnxruntime is many times "
@@ -109,6 +119,27 @@ def has_batch_last_layout(graph: Graph, node: Node) -> bool:
         return False
     shape = graph.value(node.outputs[0]).shape
     return bool(shape) and len(shape) >= 2 and isinstance(shape[0], int) and shape[0] > 1 and not isinstance(shape[-1], int)
+
+
+MATRIX_PRODUCTS = frozenset({"MatMul", "Gemm"})
+
+
+def has_symbolic_columns(graph: Graph, node: Node) -> bool:
+    """A MatMul or Gemm whose output's last axis is symbolic (see the module doc)."""
+    if node.op_type not in MATRIX_PRODUCTS or node.domain not in ("", "ai.onnx") or not node.outputs:
+        return False
+    shape = graph.value(node.outputs[0]).shape
+    return bool(shape) and len(shape) >= 2 and not isinstance(shape[-1], int)
+
+
+def _elementwise_chain(graph: Graph, node: Node) -> list[Node]:
+    """The elementwise and broadcast nodes after `node`, each the only reader of the one before."""
+    chain: list[Node] = []
+    current = _only_reader(graph, node)
+    while current is not None and _is_elementwise(current):
+        chain.append(current)
+        current = _only_reader(graph, current)
+    return chain
 
 
 def _reductions_of(graph: Graph, producers: set[int]) -> list[int]:
