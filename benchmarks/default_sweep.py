@@ -184,13 +184,15 @@ def judge_run(run: dict) -> dict:
 def verdict(speedup: float | None, band, control: float | None, control_band=None) -> str:
     """'slower' when the speedup's whole band lies under 1 and under the A/A control's band (slower
     than either onnxruntime session beyond both bands); 'faster' when it lies above both; else
-    'par'. The control matters at microseconds: the session created first ran up to 4x faster
-    than a second session of the very same model for a while (branchy_cell_ts at batch 1:
-    10 us vs 40 us), so the baseline itself can be off. A run timed once (no band) is judged on
-    its speedup alone."""
+    'par'. The control shows how far the baseline itself is off: at microseconds, by the wall
+    clock, one session of a model ran up to 4x faster than a second one of the very same model
+    for a while (branchy_cell_ts at batch 1: 10 us vs 40 us). A run too slow for rounds (one
+    call each, no band) is not judged: '1 call'."""
     if speedup is None:
         return "n/a"
-    lo, hi = band if band else (speedup, speedup)
+    if not band:
+        return "1 call"  # too slow for rounds: one call each, no band to judge by
+    lo, hi = band
     control_lo, control_hi = control_band if control_band else (control or 1.0, control or 1.0)
     if hi < min(1.0, control_lo):
         return "slower"
