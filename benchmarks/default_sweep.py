@@ -277,22 +277,24 @@ def main(argv=None) -> int:
         if unknown := [m for m in wanted if m not in every]:
             parser.error(f"no such model: {', '.join(unknown)}")
         models = {m: every[m] for m in wanted}
+    if not models:
+        parser.error("no model to sweep")
     batches = tuple(int(b) for b in args.batches.split(","))
     WORK.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     rows = []
+    command = "python benchmarks/default_sweep.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    machine = machine_info()
+    RESULTS.mkdir(parents=True, exist_ok=True)
     for name, model in models.items():
         rows.append(sweep_model(name, model, batches, not args.no_confirm, args.select))
         log(f"{name}: " + ", ".join(f"{r['label']} {r.get('speedup') or 'n/a'} {r.get('verdict', r.get('error', ''))}"
                                     for r in rows[-1].get("runs", [])) or rows[-1].get("error", ""))
-    seconds = time.perf_counter() - started
-    command = "python benchmarks/default_sweep.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    machine = machine_info()
-    report = {"machine": machine, "command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "seconds": round(seconds, 1), "timing": {**TIMING, "batches": batches}, "models": rows,
-              "slower": slower_runs(rows)}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(RESULTS / f"{args.out}.json", json.dumps(report, indent=1, default=str))
+        seconds = time.perf_counter() - started
+        report = {"machine": machine, "command": command.strip(),
+                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seconds": round(seconds, 1),
+                  "timing": {**TIMING, "batches": batches}, "models": rows, "slower": slower_runs(rows)}
+        write_text_atomic(RESULTS / f"{args.out}.json", json.dumps(report, indent=1, default=str))  # after each model
     head = (f"{report['date']}, `{report['command']}`, {seconds / 60:.1f} min. {machine['cpu']}, {machine['cores']} "
             f"cores; onnxruntime {machine['onnxruntime']}, TVM {machine.get('tvm', '?')}. 1 thread, IOBinding, "
             f"up to {TIMING['rounds']} alternating rounds. Speedup: onnxruntime's time / onnxfuse's, median over "
