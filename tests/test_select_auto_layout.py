@@ -110,3 +110,15 @@ def test_a_product_with_symbolic_columns_and_its_elementwise_chain_stay_with_onn
                    {"X": ["N", "seq", 64]}, {"Y": ["N", "seq", 32]}, {"W": weights(64, 32)})
     plan, reasons = plan_of(save(tmp_path, static, "static.onnx"))
     assert [g.op_types for g in plan.groups] == [("MatMul", "Relu")] and not reasons
+
+
+def test_a_large_matrix_vector_product_and_its_activation_stay_with_onnxruntime(tmp_path):
+    """One static row over 4M weights (alexnet's fully connected layers), with the Relu after it."""
+    fc = model([node("Gemm", ["X", "W"], "g", transB=1), node("Relu", ["g"], "Y")],
+               {"X": [1, 2048], "W": [2048, 2048]}, {"Y": [1, 2048]})
+    plan, reasons = plan_of(save(tmp_path, fc))
+    assert not plan.groups and all("matrix-vector" in reasons[op] for op in ("Gemm", "Relu"))
+    small = model([node("Gemm", ["X", "W"], "g", transB=1), node("Relu", ["g"], "Y")],
+                  {"X": [1, 64]}, {"Y": [1, 32]}, {"W": weights(32, 64)})
+    plan, reasons = plan_of(save(tmp_path, small, "small.onnx"))
+    assert [g.op_types for g in plan.groups] == [("Gemm", "Relu")] and not reasons

@@ -33,6 +33,11 @@ One more kind of node stays with onnxruntime for how our schedule handles it, no
   loop. bert_tiny_2l_ts's score groups (MatMul, Mul) took 0.61x and 0.74x of onnxruntime's time
   at batch 64 (1 thread), and the model ran at 0.91-0.96x at batch 1 and 64.
 
+- a matrix-vector product (a MatMul or Gemm with one static output row) over more than
+  GEMV_WEIGHT_LIMIT elements in an operand, with its elementwise chain: memory-bound, where onnxruntime's GEMV
+  streams the weights faster. The fully connected layers of light_bvlc_alexnet ([1, 9216] @
+  [9216, 4096], 151 MB) and light_zfnet512 left them at 0.91x and 0.92x of onnxruntime at batch 1.
+
 And one kind of group:
 
 - a group that only moves data (every op injective: Transpose, Reshape, Gather, Concat, ...):
@@ -44,6 +49,8 @@ And one kind of group:
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from ..fusion.plan import FusedGroup
 from ..ir import Graph, Node
@@ -83,6 +90,10 @@ def leave_to_onnxruntime(graph: Graph) -> dict[int, str]:
     onnxruntime runs much faster, and the epilogue it fuses into a Conv of its own."""
     reasons: dict[int, str] = {}
     for node in graph.nodes:
+        if is_large_gemv(graph, node):
+            for index in [node.index, *(n.index for n in _elementwise_chain(graph, node))]:
+                reasons[index] = ("auto: a matrix-vector product over large weights, or its elementwise epilogue: "
+                                  "memory-bound, onnxruntime's GEMV is faster")
         if has_symbolic_columns(graph, node):
             for index in [node.index, *(n.index for n in _elementwise_chain(graph, node))]:
                 reasons[index] = ("auto: a matrix product with symbolic columns (e.g. attention scores), or its "
@@ -122,6 +133,18 @@ def has_batch_last_layout(graph: Graph, node: Node) -> bool:
 
 
 MATRIX_PRODUCTS = frozenset({"MatMul", "Gemm"})
+GEMV_WEIGHT_LIMIT = 2**20  # elements (4 MB of floats): past the L2 cache a GEMV streams its weights
+
+
+def is_large_gemv(graph: Graph, node: Node) -> bool:
+    """A MatMul or Gemm with one static output row and an operand of more than GEMV_WEIGHT_LIMIT
+    elements (see the module doc; the light models take their weights as inputs)."""
+    if node.op_type not in MATRIX_PRODUCTS or node.domain not in ("", "ai.onnx") or not node.outputs:
+        return False
+    out = graph.value(node.outputs[0])
+    if not out.is_static or len(out.shape) < 2 or int(np.prod(out.shape[:-1])) != 1:
+        return False
+    return any(name and (graph.value(name).numel or 0) > GEMV_WEIGHT_LIMIT for name in node.inputs)
 
 
 def has_symbolic_columns(graph: Graph, node: Node) -> bool:
