@@ -5,14 +5,21 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   ?= models/lstm_cell.onnx
 
-.PHONY: install aarch64-deps test test-fast lint demo bench models clean fuzz
+.PHONY: install aarch64-deps view-deps test test-fast lint demo bench models clean fuzz
 
-install: $(STAMP) aarch64-deps
+install: $(STAMP) aarch64-deps view-deps
 
 # --target aarch64 and its qemu test: cross gcc, qemu-user, arm64 libonnxruntime (npm) in .cache/aarch64/.
 # A no-op (no apt-get update, no npm) when all are present.
 aarch64-deps:
 	@scripts/install-aarch64.sh
+
+# The HTML plan view (--html): graphviz lays it out, chromium runs its tests headless. Only what is
+# missing is installed; the package lists are refreshed only if the install needs it.
+view-deps:
+	@missing="$$(command -v dot >/dev/null || echo graphviz) $$(command -v chromium >/dev/null || echo chromium)"; \
+	  [ -z "$$(echo $$missing)" ] || apt-get install -y -qq $$missing || \
+	  (apt-get update -qq && apt-get install -y -qq $$missing)
 
 # System packages first (only what is missing), then the virtualenv with the project in it.
 $(STAMP): pyproject.toml
@@ -50,10 +57,21 @@ clean:
 # Benchmarks (benchmarks/run.py): tables on stdout, JSON + markdown in benchmarks/results/.
 # bench-corpus times the exported corpus (benchmarks/corpus.py --time, docs/corpus.md);
 # corpus-check only optimizes and verifies it (exit 1 on a mismatch).
-.PHONY: bench-trees bench-cells bench-repeat bench-corpus corpus-check bench-default
-bench: install bench-corpus
+.PHONY: bench-trees bench-cells bench-repeat bench-corpus corpus-check bench-install bench-peers bench-default
+bench: install bench-install bench-corpus
 	$(BIN)/python benchmarks/run.py models
 	$(BIN)/python benchmarks/run.py repeat
+
+# The `bench` extra: IREE and OpenVINO, the peers `make bench` times beside onnxruntime and TVM.
+BENCH_STAMP := $(VENV)/.bench-installed
+bench-install: $(BENCH_STAMP)
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	@touch $@
+
+# onnxfuse against IREE and OpenVINO alone (1 thread, no TVM): benchmarks/results/peers.md.
+bench-peers: install bench-install
+	$(BIN)/python benchmarks/run.py peers
 
 bench-corpus: install
 	$(BIN)/python benchmarks/corpus.py --time

@@ -4,6 +4,7 @@
     python benchmarks/run.py trees    # the 100-tree forest three ways; compile time against depth
     python benchmarks/run.py cells    # how far a fused recurrent cell can go: its MatMuls alone timed too
     python benchmarks/run.py repeat   # cold compile time against the number of repeated layers
+    python benchmarks/run.py peers    # models/ + the forest against IREE and OpenVINO (the bench extra), 1 thread
 
 Results go to benchmarks/results/ (JSON + a markdown table). Kernels are cached in
 .cache/bench-kernels, so a rerun compiles only what changed; generated models and fused outputs
@@ -22,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +42,7 @@ from onnxfuse.bench import (  # noqa: E402
 )
 from onnxfuse.errors import OnnxfuseError  # noqa: E402
 from onnxfuse.measure.contenders import BASELINE, FUSED  # noqa: E402
+from onnxfuse.measure.peers import PEERS  # noqa: E402
 from onnxfuse.measure.roofline import copy_bandwidth_gbs  # noqa: E402
 from onnxfuse.report import (
     format_measured_groups,  # noqa: E402
@@ -57,12 +60,18 @@ TREE_ENSEMBLE_D8 = MODELS / "tree_ensemble_d8.onnx"
 TREE_PROGRAMS_D8 = ("tree_trav_d8", "perf_tree_trav_d8")
 
 # onnxfuse's promise is "never slower than onnxruntime": the benchmark shows it with --select measured.
+# IREE and OpenVINO (the bench extra) run beside them on models/ and the forest, not on the light CNNs.
 SMALL = BenchOptions(batches=(1, 64, 1000), threads=(1, 2), rounds=15, budget_seconds=6.0, cache_dir=str(KERNELS),
-                     select="measured")
+                     select="measured", peers=PEERS)
 LIGHT_OPTIONS = BenchOptions(batches=(1,), threads=(1,), rounds=7, budget_seconds=8.0, cache_dir=str(KERNELS),
                              select="measured")
 FOREST = BenchOptions(batches=(1, 1000, 10000), threads=(1,), rounds=11, budget_seconds=8.0, cache_dir=str(KERNELS),
-                      select="measured")
+                      select="measured", peers=PEERS)
+# `peers`: the same models at 1 thread against IREE and OpenVINO only (no TVM build: quicker).
+PEERS_SMALL = BenchOptions(batches=(1, 64, 1000), threads=(1,), rounds=15, budget_seconds=6.0, tvm=False,
+                           cache_dir=str(KERNELS), select="measured", peers=PEERS)
+PEERS_FOREST = BenchOptions(batches=(1, 1000, 10000), threads=(1,), rounds=11, budget_seconds=8.0, tvm=False,
+                            cache_dir=str(KERNELS), select="measured", peers=PEERS)
 # The recurrent cells once more through session.run (the default times IOBinding calls): what a
 # Python caller that passes numpy feeds sees, with its fixed 5-7 us per call in every contender.
 CELLS = ("lstm_gate", "lstm_cell", "gru_cell")
@@ -145,11 +154,68 @@ def run_models() -> dict:
     notes = notes_text(results)
     rooflines = "\n\n".join(f"{cell} (bench --groups):\n{format_measured_groups(report)}"
                             for cell, report in groups.items() if "groups" in report)
-    tables = [format_table(results), format_compile_table(results), notes, rooflines]
-    markdown = [format_table(results, markdown=True), format_compile_table(results, markdown=True), notes,
-                f"```\n{rooflines}\n```"]
+    tables = [format_table(results), peers_table(results), format_compile_table(results), notes, rooflines]
+    markdown = [format_table(results, markdown=True), peers_table(results, markdown=True),
+                format_compile_table(results, markdown=True), notes, f"```\n{rooflines}\n```"]
     write_results("latest", report, tables, markdown, seconds, failures)
     return report
+
+
+def run_peers() -> dict:
+    """models/ and the 100-tree forest at 1 thread: onnxruntime, onnxfuse, IREE, OpenVINO."""
+    started = time.perf_counter()
+    results, failures = [], []
+    for path in sorted(MODELS.glob("*.onnx")):
+        if path != TREE_ENSEMBLE_D8:
+            bench_one(path, PEERS_SMALL, results, failures)
+    forest = benchmark_forest_models()
+    for name in ("tree_trav_100x8", "perf_tree_trav_100x8"):
+        bench_one(forest[name], PEERS_FOREST, results, failures)
+    seconds = time.perf_counter() - started
+    report = report_json(results, PEERS_SMALL, {"sets": {"models/": PEERS_SMALL.__dict__,
+                                                         "forest 100x8": PEERS_FOREST.__dict__},
+                                                "failures": failures, "seconds": round(seconds, 1)})
+    notes = notes_text(results)
+    tables = [format_table(results), peers_table(results), format_compile_table(results), notes]
+    markdown = [format_table(results, markdown=True), peers_table(results, markdown=True),
+                format_compile_table(results, markdown=True), notes]
+    write_results("peers", report, tables, markdown, seconds, failures)
+    return report
+
+
+def peers_table(results, markdown: bool = False) -> str:
+    """Per run where a peer ran: each one's speedup over onnxruntime, then onnxfuse against each peer
+    paired round by round (the peer's time over onnxfuse's in the same round): median (p10-p90), and
+    `≥` where onnxfuse is ahead at the median, `≈` behind at the median but ahead in over 10% of the
+    rounds, `<` behind in nine rounds of ten or more."""
+    header = ["model", "batch", "thr", "onnxfuse ×", *(f"{p} ×" for p in PEERS), *(f"onnxfuse vs {p}" for p in PEERS)]
+    rows = []
+    for r in results:
+        for run in r.runs:
+            c = run["contenders"]
+            if not any(p in c for p in PEERS):
+                continue
+            fused = c.get(FUSED, {})
+            rows.append([r.name, run.get("label", str(run["batch"])), str(run["threads"]), _speedup(fused),
+                         *(_speedup(c.get(p, {})) for p in PEERS), *(versus(fused, c.get(p, {})) for p in PEERS)])
+    return render_table(header, rows, markdown)
+
+
+def versus(fused: dict, peer: dict) -> str:
+    """onnxfuse against one peer: the peer's time over onnxfuse's, paired by round where both ran in rounds."""
+    if "median_ms" not in fused or "median_ms" not in peer:
+        return "n/a"
+    if len(fused.get("round_ms", ())) != len(peer.get("round_ms", ())) or not fused.get("round_ms"):
+        ratio = peer["median_ms"] / fused["median_ms"]
+        return f"{'≥' if ratio >= 1 else '<'} {ratio:.2f}× (one call)"
+    ratios = [p / f for p, f in zip(peer["round_ms"], fused["round_ms"])]
+    p10, median, p90 = np.percentile(ratios, [10, 50, 90])
+    mark = "≥" if median >= 1 else "≈" if p90 >= 1 else "<"
+    return f"{mark} {median:.2f}× ({p10:.2f}-{p90:.2f})"
+
+
+def _speedup(cell: dict) -> str:
+    return f"{cell['speedup']:.2f}" if "speedup" in cell else "n/a"
 
 
 def cell_groups(cell: str) -> dict:
@@ -397,9 +463,10 @@ def repeat_table(rows: list[dict], markdown: bool = False) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("which", choices=["models", "trees", "cells", "repeat"])
+    parser.add_argument("which", choices=["models", "trees", "cells", "repeat", "peers"])
     args = parser.parse_args(argv)
-    {"models": run_models, "trees": run_trees, "cells": run_cells, "repeat": run_repeat}[args.which]()
+    {"models": run_models, "trees": run_trees, "cells": run_cells, "repeat": run_repeat,
+     "peers": run_peers}[args.which]()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""`onnxfuse bench`: time a model under onnxruntime, onnxfuse and TVM's own pipeline, side by side."""
+"""`onnxfuse bench`: time a model under onnxruntime, onnxfuse, TVM's own pipeline and (on request) IREE and
+OpenVINO, side by side."""
 
 from __future__ import annotations
 
@@ -11,6 +12,18 @@ from onnxfuse_cli.common import EXIT_FAILED, clean_errors, parse_dims, parse_siz
 from onnxfuse.atomic import write_text_atomic
 from onnxfuse.errors import UsageError
 from onnxfuse.report import format_measured_groups
+
+
+def _peers(text: str | None) -> tuple[str, ...]:
+    from onnxfuse.measure.peers import PEERS
+
+    names = [n.strip() for n in (text or "").split(",") if n.strip()]
+    if names == ["all"]:
+        return PEERS
+    unknown = [n for n in names if n not in PEERS]
+    if unknown:
+        raise UsageError(f"--peers: unknown {', '.join(unknown)} (choose from {', '.join(PEERS)}, or all)")
+    return tuple(dict.fromkeys(names))
 
 
 def _extra_models(items: tuple[str, ...]) -> dict[str, str]:
@@ -57,17 +70,21 @@ def _extra_models(items: tuple[str, ...]) -> dict[str, str]:
               help="How onnxruntime is called: iobinding binds inputs and pre-allocated outputs once (a serving "
                    "loop; times the model), run calls session.run(None, feeds) (adds Python's numpy conversions, "
                    "5-7 µs per call, to every contender).")
+@click.option("--peers", "peers", metavar="NAME,NAME",
+              help="Other compilers to time too, each at static shapes per batch on its fastest call path: iree "
+                   "(iree-import-onnx + llvm-cpu at the host CPU, local-sync runtime) and/or openvino (CPU plugin, "
+                   "one reused InferRequest), or all. Needs pip install 'onnxfuse[bench]'.")
 @click.option("--groups", is_flag=True,
               help="Instead of the whole model: optimize MODEL with --select measured (into a temporary directory) "
                    "and print each group's kernel and onnxruntime times and achieved memory bandwidth against "
                    "this machine's copy bandwidth, at the --batch sizes and --threads.")
 @clean_errors
 def bench(model, fused, batches, dims, inputs, threads, rounds, budget, extra, json_path, no_tvm, cache_dir, seed,
-          select, call_style, groups) -> None:
+          select, call_style, peers, groups) -> None:
     """Time MODEL under onnxruntime (ORT_ENABLE_ALL), as onnxfuse's fused model in onnxruntime, and
-    under TVM's own pipeline (from_onnx + default Relax pipeline + VM), at each batch size and thread
-    count. Prints median ms per call and the speedup over onnxruntime: the median over rounds of
-    onnxruntime's time / the contender's in the same round.
+    under TVM's own pipeline (from_onnx + default Relax pipeline + VM), and with --peers under IREE and
+    OpenVINO, at each batch size and thread count. Prints median ms per call and the speedup over
+    onnxruntime: the median over rounds of onnxruntime's time / the contender's in the same round.
 
     Inputs are random (integers used as Gather indices span the gathered axis, other integers are 0
     or 1) unless --inputs gives them. Every contender's outputs are checked against onnxruntime on
@@ -79,6 +96,7 @@ def bench(model, fused, batches, dims, inputs, threads, rounds, budget, extra, j
     onnxfuse bench tree_trav.onnx --ort trees-ml=tree_ensemble.onnx --no-tvm --json out.json
     onnxfuse bench bert.onnx --inputs bert.inputs.npz --dim batch=64 --no-tvm
     onnxfuse bench models/lstm_gate.onnx --groups --batch 1,64
+    onnxfuse bench models/gru_cell.onnx --peers iree,openvino --no-tvm
     """
     from onnxfuse.bench import BenchOptions, bench_model, format_compile_table, format_table, not_timed, report_json
 
@@ -88,7 +106,7 @@ def bench(model, fused, batches, dims, inputs, threads, rounds, budget, extra, j
         sizes = (None,) if inputs else (1, 64, 1000)
     options = BenchOptions(batches=sizes, dims=parse_dims(dims), inputs=inputs, threads=parse_sizes(threads, "--threads"),
                            rounds=rounds, budget_seconds=budget, tvm=not no_tvm, cache_dir=cache_dir, seed=seed,
-                           select=select, call_style=call_style)
+                           select=select, call_style=call_style, peers=_peers(peers))
     if groups:
         _bench_groups(model, fused, options, json_path)
         return

@@ -44,18 +44,29 @@ def main() -> None:
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @with_fusion_options
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan and the whole graph as one JSON object (docs/view.md).")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write the plan as one self-contained HTML page.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False),
+              help="With --json or --html: the groups of this optimize report of MODEL, with status, kernel and times.")
 @clean_errors
-def inspect(model: str, max_depth: int, max_inputs: int, max_duplication: int, as_json: bool) -> None:
+def inspect(model: str, max_depth: int, max_inputs: int, max_duplication: int, as_json: bool, html_path: str | None,
+            report_path: str | None) -> None:
     """Show how MODEL would be fused: groups, their ops, and why other nodes stay unfused."""
     from onnxfuse.frontend.loader import load_model
     from onnxfuse.fusion.partition import FusionOptions
     from onnxfuse.fusion.plan import plan_fusion
+    from onnxfuse.graph_dump import graph_dump, read_report
 
     graph = load_model(model)
     plan = plan_fusion(graph, FusionOptions(max_depth=max_depth, max_inputs=max_inputs, max_duplication=max_duplication))
+    if as_json or html_path or report_path:
+        dump = graph_dump(model, graph, plan.to_json(), read_report(report_path) if report_path else None)
+    if html_path:
+        from onnxfuse.view import write_page
+
+        write_page(dump, html_path)
     if as_json:
-        click.echo(json.dumps({"model": model, **plan.to_json()}))
+        click.echo(json.dumps(dump))
         return
 
     click.echo(format_plan(model, plan))
@@ -97,10 +108,12 @@ def inspect(model: str, max_depth: int, max_inputs: int, max_duplication: int, a
               help="Exit 1 (after writing the output and report) if less than this share of the compute nodes "
                    "(all but Constant and shape plumbing: Shape, Reshape, Squeeze, ...) runs in compiled kernels.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the summary.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False),
+              help="Also write the plan with each group's outcome as one self-contained HTML page.")
 @clean_errors
 def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, max_duplication, jobs, compile_timeout,
              report_path, cache_dir, no_cache, no_verify, select, select_batches, threads, fail_on_fallback, min_fused,
-             quiet) -> None:
+             quiet, html_path) -> None:
     """Fuse MODEL, compile each group into one kernel, and write the fused model + its library.
 
     Exit codes: 0 written; 1 written, but a --fail-on-fallback or --min-fused gate failed;
@@ -132,6 +145,12 @@ def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, max_dupl
     for g in report["groups"]:
         if g["status"] == "fallback":
             say(f"  fallback {g['name']} ({g['size']} ops): {g['reason']}")
+    if html_path:
+        from onnxfuse.graph_dump import model_dump
+        from onnxfuse.view import write_page
+
+        write_page(model_dump(model, result.plan.options, report), html_path)
+        say(f"  plan page: {html_path}")
     failures = gate_failures(report, fail_on_fallback=fail_on_fallback, min_fused=min_fused)
     for failure in failures:
         click.echo(f"onnxfuse: gate failed: {failure}", err=True)

@@ -1,5 +1,6 @@
-"""`onnxfuse bench`: how fast a model runs under onnxruntime, under onnxfuse, and under TVM's own
-pipeline (the contenders: measure/contenders.py), timed side by side (measure/timing.py).
+"""`onnxfuse bench`: how fast a model runs under onnxruntime, under onnxfuse, under TVM's own
+pipeline (the contenders: measure/contenders.py) and, on request, under IREE and OpenVINO
+(measure/peers.py), timed side by side (measure/timing.py).
 
 Every contender gets the same inputs per run: the user's (`--inputs`, resized where `--batch` or
 `--dim` say) or random, seeded ones (measure/inputs.py says how sizes and integer ranges are
@@ -36,6 +37,7 @@ from .measure.inputs import (
     make_feeds,
     model_inputs,
 )
+from .measure.peers import IREE, OPENVINO, iree_build_worker, not_installed, peer_contenders
 from .measure.timing import BUDGET_SECONDS, ROUND_SECONDS, ROUNDS, Timing, race
 from .pipeline import optimize
 from .report import render_table
@@ -71,6 +73,9 @@ def measure(job: dict) -> dict:
                 contenders.append(tvm_contender(tvm_library, reference_path, feeds))
             except Exception as exc:
                 not_run[TVM] = f"TVM VM failed: {short_reason(exc)}"
+        peers, peers_not_run = peer_contenders(job, str(key), feeds)
+        contenders += peers
+        not_run.update(peers_not_run)
         timings = race(contenders, reference, job["rounds"], job["round_seconds"], job["budget_seconds"])
         cells = {name: (t.to_json() if isinstance(t, Timing) else {"na": t}) for name, t in timings.items()}
         cells.update({name: {"na": why} for name, why in not_run.items()})
@@ -104,6 +109,8 @@ def _worker_main(argv: Sequence[str]) -> None:
             result = {"seconds": build_tvm(job["model"], job["shapes"], job["library"])}
         except Exception as exc:
             result = {"error": short_reason(exc)}
+    elif task == "build_iree":
+        result = iree_build_worker(job)
     else:
         raise SystemExit(f"unknown task {task!r}")
     Path(result_file).write_text(json.dumps(result))
@@ -126,9 +133,10 @@ class BenchOptions:
     tvm: bool = True
     cache_dir: str | None = None  # onnxfuse kernel cache; None → onnxfuse's default
     seed: int = 0
-    tvm_build_timeout: float = 600.0
+    tvm_build_timeout: float = 600.0  # seconds for one TVM build (and one IREE build)
     select: str = "auto"  # onnxfuse's group selection (`optimize --select`); measured times at `batches`
     call_style: str = "iobinding"  # how onnxruntime contenders are called (CALL_STYLES)
+    peers: tuple[str, ...] = ()  # other compilers to time too: measure/peers.py PEERS
 
 
 @dataclass
@@ -198,29 +206,61 @@ def bench_model(model_path, fused_path=None, options: BenchOptions | None = None
             else:
                 builds[label] = {"na": built["error"]}
 
+    iree_modules = _build_iree(model_path, name, shapes, labels, work, options, result, log)
+
     for threads in options.threads:
         log(f"{name}: timing at {threads} thread(s), {'; '.join(labels.values())}")
         job = {"model": str(model_path), "ort_models": ort_models, "tvm_libraries": tvm_libraries,
                "batches": list(batches), "dims": options.dims, "inputs": options.inputs, "threads": threads,
                "rounds": options.rounds, "round_seconds": options.round_seconds,
-               "budget_seconds": options.budget_seconds, "seed": options.seed, "call_style": options.call_style}
+               "budget_seconds": options.budget_seconds, "seed": options.seed, "call_style": options.call_style,
+               "peers": list(options.peers), "iree_modules": iree_modules}
         # numpy's OpenBLAS pool threads were seen busy in the timing process: keep them out.
         env = {"TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": "1"}
         measured = run_worker("measure", job, env)
-        if "error" in measured and tvm_libraries:  # maybe TVM took the process down: again without it
+        if "error" in measured and (tvm_libraries or options.peers):  # maybe TVM or a peer took it down
             crash = measured["error"]
-            measured = run_worker("measure", {**job, "tvm_libraries": {}}, env)
+            measured = run_worker("measure", {**job, "tvm_libraries": {}, "peers": []}, env)
+            suspects = ([TVM] if tvm_libraries else []) + list(options.peers)
             for b in measured.get("batches", []):
-                b["contenders"][TVM] = {"na": f"crashed the benchmark process ({crash})"}
+                b["contenders"].update({s: {"na": f"crashed the benchmark process ({crash})"} for s in suspects})
         if "error" in measured:  # not even onnxruntime on the original ran: nothing to compare with
             raise OnnxfuseError(f"{model_path}: cannot measure at {threads} thread(s): {measured['error']}")
         for key, b in enumerate(measured["batches"]):
             label = labels[key]
             if options.tvm and TVM not in b["contenders"]:
                 b["contenders"][TVM] = {"na": f"TVM build failed: {result.compile['tvm_build_seconds'][label]['na']}"}
+            if IREE in options.peers and IREE not in b["contenders"]:
+                why = result.compile["iree_build_seconds"][label]["na"]
+                b["contenders"][IREE] = {"na": why if why.startswith("not installed") else f"IREE build failed: {why}"}
             result.runs.append({"batch": b["batch"], "label": label, "dims": b["dims"], "threads": threads,
                                 "contenders": with_speedups(b["contenders"])})
     return result
+
+
+def _build_iree(model_path: Path, name: str, shapes: dict, labels: dict, work: Path, options: BenchOptions,
+                result: ModelBench, log) -> dict[str, str]:
+    """IREE's module per run when options.peers asks for IREE (a worker process each, as TVM's
+    builds): run key → module path; each run's build seconds or reason in result.compile."""
+    if IREE not in options.peers:
+        return {}
+    builds = result.compile.setdefault("iree_build_seconds", {})
+    missing = not_installed(IREE)
+    modules = {}
+    for key, label in labels.items():
+        if missing:
+            builds[label] = {"na": missing}
+            continue
+        log(f"{name}: IREE build at {label}")
+        module = work / f"{model_path.stem}.iree.{key}.vmfb"
+        built = run_worker("build_iree", {"model": str(model_path), "shapes": shapes[key], "module": str(module)},
+                           timeout=options.tvm_build_timeout)
+        if "seconds" in built:
+            builds[label] = round(built["seconds"], 3)
+            modules[str(key)] = str(module)
+        else:
+            builds[label] = {"na": built["error"]}
+    return modules
 
 
 def run_batches(specs: Sequence[InputSpec], options: BenchOptions, notes: list[str]) -> tuple[int | None, ...]:
@@ -340,7 +380,7 @@ def contender_order(results: Sequence[ModelBench]) -> list[str]:
     for r in results:
         for run in r.runs:
             names.update(dict.fromkeys(run["contenders"]))
-    fixed = [n for n in (BASELINE, FUSED, TVM) if n in names]
+    fixed = [n for n in (BASELINE, FUSED, TVM, IREE, OPENVINO) if n in names]
     return fixed + [n for n in names if n not in fixed]
 
 
@@ -367,25 +407,33 @@ def format_table(results: Sequence[ModelBench], markdown: bool = False, na_width
 
 
 def format_compile_table(results: Sequence[ModelBench], markdown: bool = False) -> str:
-    header = ["model", "onnxfuse optimize s", "groups (fused/total nodes)", "TVM build s per batch"]
+    with_iree = any("iree_build_seconds" in r.compile for r in results)
+    header = ["model", "onnxfuse optimize s", "groups (fused/total nodes)", "TVM build s per batch",
+              *(["IREE build s per batch"] if with_iree else [])]
     rows = []
     for r in results:
         opt = r.compile.get("optimize")
         cached = f" ({opt['groups_cached']} cached)" if opt and opt.get("groups_cached") else ""
         opt_s = f"{opt['seconds']:.1f}{cached}" if opt else "—"
         groups = (f"{opt['groups_total']} ({opt['fused_node_count']}/{opt['node_count']})" if opt else "—")
-        builds = r.compile.get("tvm_build_seconds", {})
-        tvm_s = ", ".join(f"{_short(b)}: {v:.1f}" if isinstance(v, (int, float)) else f"{_short(b)}: n/a"
-                          for b, v in builds.items()) or "—"
-        rows.append([r.name, opt_s, groups, tvm_s])
+        builds = [_build_seconds(r.compile.get("tvm_build_seconds", {}))]
+        if with_iree:
+            builds.append(_build_seconds(r.compile.get("iree_build_seconds", {})))
+        rows.append([r.name, opt_s, groups, *builds])
     return render_table(header, rows, markdown)
+
+
+def _build_seconds(builds: dict) -> str:
+    return ", ".join(f"{_short(b)}: {v:.1f}" if isinstance(v, (int, float)) else f"{_short(b)}: n/a"
+                     for b, v in builds.items()) or "—"
 
 
 def report_json(results: Sequence[ModelBench], options: BenchOptions, extra: dict | None = None) -> dict:
     return {"machine": machine_info(), "options": {"batches": list(options.batches), "dims": options.dims,
                                                    "inputs": options.inputs, "threads": list(options.threads),
                                                    "rounds": options.rounds, "round_seconds": options.round_seconds,
-                                                   "tvm": options.tvm, "call_style": options.call_style},
+                                                   "tvm": options.tvm, "call_style": options.call_style,
+                                                   "peers": list(options.peers)},
             "ratio": "speedup = median over rounds of onnxruntime's time / the contender's in the same round "
                      "(onnxruntime median ms / contender median ms where either ran only once)",
             "models": [r.to_json() for r in results], **(extra or {})}

@@ -32,6 +32,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .codegen.operand_layout import operands_in_place
+from .errors import CompileError, short_reason
 from .kernel_spec import GroupKernel
 from .ops import op_info
 
@@ -52,8 +53,8 @@ class CanonicalGroup:
 
     def bind(self, kernel: GroupKernel, model_values: Container[str]) -> GroupKernel:
         """`kernel` (compiled from the canonical model) as this group calls it: each argument the
-        model value it reads, or, for one the model does not hold (a transposed weight), that
-        tensor among the kernel's extra weights."""
+        model value it reads (`model_values`: the group's inputs), or, for one the model does not
+        hold (a transposed weight), that tensor among the kernel's extra weights."""
         sources, extra = [], dict(kernel.extra_weights)
         for canonical in kernel.arg_sources:
             own = self.sources.get(canonical)
@@ -75,11 +76,23 @@ class CanonicalGroup:
     def _tensor(self, canonical: str) -> np.ndarray:
         if canonical in self.weights:
             return self.weights[canonical]
-        return numpy_helper.to_array(next(t for t in self.model.graph.initializer if t.name == canonical))
+        tensor = next((t for t in self.model.graph.initializer if t.name == canonical), None)
+        if tensor is None:
+            raise ValueError(f"kernel argument {canonical} ({self.sources[canonical]}) is neither a value the "
+                             "group reads nor one of its constants")
+        return numpy_helper.to_array(tensor)
 
 
 def canonical_group(group_model: onnx.ModelProto) -> CanonicalGroup:
-    """The canonical form of `group_model` (see the module docstring)."""
+    """The canonical form of `group_model` (see the module docstring). Raises CompileError: a
+    group that cannot be put in canonical form falls back, like one that cannot compile."""
+    try:
+        return _canonical(group_model)
+    except Exception as exc:
+        raise CompileError(f"canonical form: {short_reason(exc)}") from exc
+
+
+def _canonical(group_model: onnx.ModelProto) -> CanonicalGroup:
     model = operands_in_place(group_model)
     g = model.graph
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in g.node for a in n.attribute):

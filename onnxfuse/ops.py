@@ -98,10 +98,18 @@ OPAQUE_REASONS: dict[str, str] = {
     "Upsample": "not supported by the code generator yet",
     "LRN": "not supported by the code generator yet",
     "ThresholdedRelu": "TVM lowers it as (x > alpha) * x, which turns -inf into NaN",
-    "LSTM": "a recurrent op with its own onnxruntime kernel",
-    "GRU": "a recurrent op with its own onnxruntime kernel",
-    "RNN": "a recurrent op with its own onnxruntime kernel",
+    "LSTM": "a recurrent op: compiled alone, as one sequence kernel",
+    "GRU": "a recurrent op: compiled alone, as one sequence kernel",
+    "RNN": "a recurrent op: compiled alone, as one sequence kernel",
 }
+
+# Opaque to fusion, yet compiled: each such node is a group of its own (codegen/recurrent.py).
+COMPILED_ALONE = frozenset({"LSTM", "GRU", "RNN"})
+
+
+def compiled_alone(op_type: str, domain: str = "") -> bool:
+    """Whether a node of this op becomes a one-node group although nothing fuses with it."""
+    return domain in ("", "ai.onnx") and op_type in COMPILED_ALONE
 
 # Dtypes the code generator can compile (others keep a node opaque).
 COMPILABLE_DTYPES = frozenset(

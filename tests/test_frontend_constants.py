@@ -125,3 +125,25 @@ def test_folding_stops_at_the_size_bound():
 
 def test_canonical_model_is_valid_onnx():
     onnx.checker.check_model(canonicalize(pad_model()), full_check=True)
+
+
+def test_folding_reaches_into_an_if_body():
+    """Exporters put a cell's weight preparation (Transpose/Unsqueeze of an initializer) inside
+    the If branch that uses it: folded there, the body's consumers see constants."""
+    wp = np.arange(4 * 8, dtype=np.float32).reshape(4, 8)
+
+    def branch(name, nodes, out):
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+
+    then_branch = branch("then", [node("Transpose", ["wp"], "w", perm=[1, 0]), node("MatMul", ["x", "w"], "y_then")],
+                         "y_then")
+    else_branch = branch("else", [node("Neg", ["x"], "y_else")], "y_else")
+    m = model([node("ReduceSum", ["x"], "s", keepdims=0), node("Greater", ["s", "zero"], "p"),
+               node("If", ["p"], "y", then_branch=then_branch, else_branch=else_branch)],
+              {"x": (2, 8)}, ["y"], {"wp": wp, "zero": np.zeros((), np.float32)})
+    after, modified = apply(FoldConstantsPass(), with_shapes(m))
+    assert modified
+    body = next(a.g for a in after.graph.node[-1].attribute if a.name == "then_branch")
+    assert [n.op_type for n in body.node] == ["MatMul"]
+    np.testing.assert_array_equal({t.name: onnx.numpy_helper.to_array(t) for t in body.initializer}["w"], wp.T)
+    assert_same_outputs(m, after)

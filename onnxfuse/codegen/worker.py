@@ -27,6 +27,7 @@ from ..session import quiet_session_options
 from ..target import resolve_target
 from ..verify import compare_arrays
 from .compile import compile_group
+from .recurrent import compile_recurrent, is_recurrent_group
 
 GROUP_RTOL, GROUP_ATOL = 1e-3, 1e-4
 
@@ -43,7 +44,10 @@ def compile_one(model_bytes: bytes, name: str, target_args: tuple, build_dir: st
         out_dir = Path(build_dir) / name
         out_dir.mkdir(parents=True, exist_ok=True)
         with native_stderr_captured() as messages:
-            compiled = compile_group(group_model, name, tgt, out_dir, max_duplication=max_duplication)
+            if is_recurrent_group(group_model):
+                compiled = compile_recurrent(group_model, name, tgt, out_dir)
+            else:
+                compiled = compile_group(group_model, name, tgt, out_dir, max_duplication=max_duplication)
         info: dict = {"stats": _jsonable(compiled.stats)}
         if messages:
             info["tvm_messages"] = messages

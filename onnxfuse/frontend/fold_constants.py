@@ -27,19 +27,26 @@ _NOT_FOLDED = frozenset({
 
 
 class FoldConstantsPass(ir.passes.InPlacePass):
-    """Guarantee: a main-graph node of the standard domain whose inputs are all constants (not
-    overridable graph inputs) and whose outputs have static shapes of at most `max_elements`
-    each is replaced by initializers of the same names and values; random ops, nodes with
-    subgraphs and nodes producing graph outputs are left alone."""
+    """Guarantee: a node of the standard domain, in the main graph or in an If/Loop/Scan body,
+    whose inputs are all constants (not overridable graph inputs) and whose outputs have static
+    shapes of at most `max_elements` each is replaced by initializers of the same names and values
+    (a body's in that body); random ops, nodes with subgraphs and nodes producing graph outputs are
+    left alone."""
 
     def __init__(self, max_elements: int = MAX_FOLDED_ELEMENTS):
         super().__init__()
         self.max_elements = max_elements
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        graph = model.graph
         opset = model.opset_imports.get("", None)
-        taken = used_names(graph)
+        graphs = list(model.graphs())
+        taken = set().union(*(used_names(graph) for graph in graphs))  # names are unique across scopes
+        folded = 0
+        for graph in graphs:
+            folded += self._fold(graph, opset, taken)
+        return ir.passes.PassResult(model, modified=folded > 0)
+
+    def _fold(self, graph: ir.Graph, opset: int | None, taken: set[str]) -> int:
         folded = 0
         for node in list(graph):
             inputs = self._constant_inputs(node)
@@ -52,7 +59,7 @@ class FoldConstantsPass(ir.passes.InPlacePass):
                 replace_with_initializer(graph, output, result, taken)
             graph.remove(node, safe=True)
             folded += 1
-        return ir.passes.PassResult(model, modified=folded > 0)
+        return folded
 
     def _constant_inputs(self, node: ir.Node) -> list[np.ndarray | None] | None:
         """The node's input arrays (None for an omitted one) if it may be folded, else None."""

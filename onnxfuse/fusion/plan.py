@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..ir import Graph
-from ..ops import OpKind
+from ..ops import OpKind, compiled_alone
 from .forward_graph import _make_opaque, build_forward_graph
 from .partition import FusionOptions, Partitioner
 from .postdom import post_dominator_tree
@@ -145,7 +145,7 @@ def _plan_scope(graph: Graph, scope: str, options: FusionOptions, leave_out: Lea
     unfused: list[UnfusedNode] = []
     for positions in sorted(by_root.values(), key=lambda ps: ps[0]):
         nodes = [fg.nodes[p].node for p in sorted(positions)]
-        if len(nodes) == 1:
+        if len(nodes) == 1 and not compiled_alone(nodes[0].op_type, nodes[0].domain):
             pos = positions[0]
             reason = partitioner.reasons.get(pos, "nothing next to it could fuse with it")
             unfused.append(UnfusedNode(nodes[0].index, nodes[0].op_type, reason, scope))

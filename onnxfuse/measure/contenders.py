@@ -5,6 +5,8 @@
   tvm          TVM's own pipeline on the original model (from_onnx with the batch bound,
                the default Relax pipeline, the VM)
   extras       further ORT models the caller names (e.g. the same forest as a TreeEnsemble)
+  iree         IREE, on request (peers.py, with OpenVINO: the optional `bench` extra)
+  openvino     OpenVINO's CPU plugin, on request (peers.py)
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ class Timing:
     rounds: int
     calls_per_round: int
     paired_speedup: float | None = None
+    samples: tuple[float, ...] = ()  # seconds per call in each round, in round order (to pair any two contenders)
     paired_band: tuple[float, float] | None = None  # the 95% interval of paired_speedup (median_interval)
 
     def to_json(self) -> dict:
@@ -53,6 +54,8 @@ class Timing:
             out["paired_speedup"] = round(self.paired_speedup, 3)
         if self.paired_band is not None:
             out["paired_band"] = [round(x, 3) for x in self.paired_band]
+        if self.samples:
+            out["round_ms"] = [_ms(x) for x in self.samples]
         return out
 
 
@@ -138,7 +141,8 @@ def race(contenders: Sequence[Contender], reference: dict[str, np.ndarray], roun
         ratios = [b / x for b, x in zip(baseline, s)] if baseline is not None else None
         paired = statistics.median(ratios) if ratios else None
         band = median_interval(ratios) if ratios else None
-        results[contender.name] = Timing(statistics.median(s), float(p10), float(p90), rounds, reps, paired, band)
+        results[contender.name] = Timing(statistics.median(s), float(p10), float(p90), rounds, reps, paired,
+                                         tuple(s), band)
     return {c.name: results[c.name] for c in contenders}
 
 

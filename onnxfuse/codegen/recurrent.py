@@ -1,0 +1,417 @@
+"""One ONNX LSTM / GRU / RNN node → one sequence kernel, written directly in TIR.
+
+Why not through Relax: its ONNX importer unrolls a recurrent op into per-step ops, and nothing
+then keeps the weights hot across steps. Here the whole sequence is one loop nest:
+
+    for each direction, for each tile of batch rows (4 rows, then the ragged rows one by one):
+        projection: xp[t, row, :] = X[t, row] @ W^T + bias   for every step at once (a GEMM whose
+                    rows are (step, row) pairs, 4 at a time: W is read once per tile)
+        recurrence: for each step t (reversed for a reverse direction):
+                        for each block of `lanes` hidden units:
+                            acc[row, gate, :] = h[row] @ R^T for every gate   (register tile)
+                            the gate math of those units (activations, c and h updates) on acc
+                        Y[t] = the new h (0 for rows whose sequence has ended)
+        Y_h, Y_c = the last state of each row
+
+The register tile of the recurrence (rows x gates vectors) computes all gates of the same hidden
+units together, so the gate math runs straight on the accumulators: no gates buffer, no
+separate elementwise pass. Rows are independent over the whole sequence, so a batch tile's state
+(h double-buffered, c in place) is a few KB, and W and R (hundreds of KB) stay in L2.
+
+Semantics (ONNX, as onnxruntime computes them; recurrent_op.py reads the attributes):
+sequence_lens freezes a row's state after its last step and zeroes its Y beyond it; a reverse
+direction starts at each row's last valid step; clip bounds every gate's pre-activation.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import tvm
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as T
+
+from ..errors import CompileError
+from ..kernel_spec import KernelSpec, TensorSpec
+from ..target import Target
+from . import param_alignment, register_file
+from .compile import CompiledGroup, _stage, build_module, build_object
+from .recurrent_op import PackedWeights, RecurrentOp, pack_weights, read_recurrent_op
+
+TILE_ROWS = 4  # batch rows of the register tile: LSTM 4 rows x 4 gates = 16 accumulators
+PROJECTION_ROWS = 4  # (step, row) pairs per projection micro-kernel
+SEQ, BATCH = "seq", "batch"
+
+F32, I64 = "float32", "int64"
+
+
+class _RegisterTile:
+    """A register tile as one small buffer per row (indexed by a Python int). TVM gives a CPU
+    buffer a stack array only under 1,024 bytes (else a workspace, whose pointer LLVM must assume
+    aliases the state it reads); on the stack, LLVM keeps the tile in registers across k."""
+
+    def __init__(self, rows: int, vectors: int, lanes: int):
+        self.rows = [T.alloc_buffer((vectors, lanes), F32) for _ in range(rows)]
+
+    def __getitem__(self, index):
+        r, g, v = index
+        return self.rows[r][g, v]
+
+    def store(self, value, r: int, g, v) -> None:
+        T.buffer_store(self.rows[r], value, [g, v])
+
+
+def _i64(value):
+    return tvm.tirx.const(value, I64) if isinstance(value, int) else value
+
+
+@dataclass
+class _Buffers:
+    x: object
+    w_in: object
+    w_rec: object
+    b_in: object
+    b_rec: object | None
+    peep: object | None
+    seq_lens: object | None
+    init_h: object | None
+    init_c: object | None
+    y: object | None
+    y_h: object | None
+    y_c: object | None
+    xp: object = None  # workspace: projected inputs of one batch tile, [steps * rows, NB*G, V]
+    h: object = None  # [2, TILE_ROWS, NB*V]: the state before and after a step
+    c: object = None  # [TILE_ROWS, NB*V]
+    rh: object = None  # GRU without linear_before_reset: r * h_prev, [TILE_ROWS, NB*V]
+    z: object = None  # and z, kept from the first phase, [TILE_ROWS, NB*V]
+    acc: object = None  # the recurrence's register tile, [TILE_ROWS, G, V]
+    acc_in: object = None  # the projection's register tile, [PROJECTION_ROWS, 4, V]
+
+
+class _KernelWriter:
+    """Emits the kernel's TIR with the IR builder; one method per loop nest."""
+
+    def __init__(self, op: RecurrentOp, packed: PackedWeights, steps, batch):
+        self.op, self.packed = op, packed
+        self.steps, self.batch = steps, batch
+        self.lanes, self.blocks, self.gates = packed.lanes, packed.blocks, op.gates
+
+    # -- indexing by layout -------------------------------------------------------------------
+    def x_at(self, b: _Buffers, t, row, k):
+        return b.x[t, row, k] if self.op.layout == 0 else b.x[row, t, k]
+
+    def y_index(self, d, t, row, j):
+        return [t, d, row, j] if self.op.layout == 0 else [row, t, d, j]
+
+    def state_index(self, d, row, j):
+        return [d, row, j] if self.op.layout == 0 else [row, d, j]
+
+    # -- the function -------------------------------------------------------------------------
+    def write(self, name: str, params: list[tuple[str, tuple, str]]):
+        with IRBuilder() as builder:
+            with T.prim_func():
+                T.func_name(name)
+                T.func_attr({"tir.noalias": True})
+                handles = [T.arg(pname, T.handle()) for pname, _, _ in params]
+                bound = {pname: T.match_buffer(h, shape, dtype) for h, (pname, shape, dtype) in zip(handles, params)}
+                b = _Buffers(**{k: bound.get(k) for k in ("x", "w_in", "w_rec", "b_in", "b_rec", "peep", "seq_lens",
+                                                          "init_h", "init_c", "y", "y_h", "y_c")})
+                hp = self.blocks * self.lanes
+                b.xp = T.alloc_buffer((self.steps * TILE_ROWS, self.blocks * self.gates, self.lanes), F32)
+                b.h = T.alloc_buffer((2, TILE_ROWS, hp), F32)
+                b.c = T.alloc_buffer((TILE_ROWS, hp), F32)
+                if self.op.op_type == "GRU" and not self.op.linear_before_reset:
+                    b.rh = T.alloc_buffer((TILE_ROWS, hp), F32)
+                    b.z = T.alloc_buffer((TILE_ROWS, hp), F32)
+                b.acc = _RegisterTile(TILE_ROWS, self.gates, self.lanes)
+                b.acc_in = _RegisterTile(PROJECTION_ROWS, 4, self.lanes)
+                if len(set(self.op.activations)) == 1:  # one loop over directions: half the code
+                    with T.serial(_i64(0), _i64(len(self.op.directions))) as d:
+                        self.batch_tiles(b, d)
+                else:
+                    for d in range(len(self.op.directions)):
+                        self.batch_tiles(b, d)
+        return builder.get()
+
+    def batch_tiles(self, b: _Buffers, d) -> None:
+        with T.serial(_i64(0), self.batch // TILE_ROWS) as tile:
+            self.tile(b, d, tile * TILE_ROWS, TILE_ROWS)
+        with T.serial(self.batch // TILE_ROWS * TILE_ROWS, self.batch) as row:
+            self.tile(b, d, row, 1)
+
+    def time_of(self, d, step):
+        """The time index of `step` in direction d (bidirectional: forward, then reverse)."""
+        backwards = self.steps - 1 - step
+        if len(self.op.directions) == 1:
+            return step if self.op.directions[0] == "forward" else backwards
+        if isinstance(d, int):
+            return step if d == 0 else backwards
+        return tvm.tirx.Select(d == 0, step, backwards)
+
+    def tile(self, b: _Buffers, d: int, row0, rows: int) -> None:
+        self.initial_state(b, d, row0, rows)
+        self.projection(b, d, row0, rows)
+        with T.serial(_i64(0), self.steps) as step:
+            t = T.Bind(self.time_of(d, step))
+            self.step(b, d, row0, rows, t, step % 2)
+        self.final_state(b, d, row0, rows)
+
+    # -- state in and out ---------------------------------------------------------------------
+    def initial_state(self, b, d, row0, rows):
+        hp = self.blocks * self.lanes
+        with T.serial(_i64(0), _i64(rows)) as r:
+            with T.serial(_i64(0), _i64(hp)) as j:
+                inside = j < self.op.hidden
+                for state, given in ((b.h, b.init_h), (b.c, b.init_c)):
+                    if state is b.c and self.op.op_type != "LSTM":
+                        continue
+                    value = (tvm.tirx.Select(inside, given[self.state_index(d, row0 + r, tvm.tirx.min(j, self.op.hidden - 1))],
+                                             _f32(0.0)) if given is not None else _f32(0.0))
+                    T.buffer_store(state, value, [0, r, j] if state is b.h else [r, j])
+
+    def final_state(self, b, d, row0, rows):
+        last = self.steps % 2
+        with T.serial(_i64(0), _i64(rows)) as r:
+            with T.serial(_i64(0), _i64(self.op.hidden)) as j:
+                if b.y_h is not None:
+                    T.buffer_store(b.y_h, b.h[last, r, j], self.state_index(d, row0 + r, j))
+                if b.y_c is not None:
+                    T.buffer_store(b.y_c, b.c[r, j], self.state_index(d, row0 + r, j))
+
+    # -- the input projection -----------------------------------------------------------------
+    def projection(self, b, d, row0, rows):
+        """xp[q] = X[t, row] @ W^T + b_in for q = t * rows + r: 4 q's at a time, then the rest."""
+        pairs = self.steps * rows
+        with T.serial(_i64(0), pairs // PROJECTION_ROWS) as quad:
+            self.projection_rows(b, d, row0, rows, quad * PROJECTION_ROWS, PROJECTION_ROWS)
+        with T.serial(pairs // PROJECTION_ROWS * PROJECTION_ROWS, pairs) as q:
+            self.projection_rows(b, d, row0, rows, q, 1)
+
+    def projection_rows(self, b, d, row0, rows, q0, count):
+        v_lanes, columns = self.lanes, self.blocks * self.gates
+        per_tile = next(n for n in (4, 3, 2, 1) if columns % n == 0)  # vectors per register tile
+        acc = b.acc_in
+        with T.serial(_i64(0), _i64(columns // per_tile)) as cb:
+            for q in range(count):
+                with T.unroll(_i64(0), _i64(per_tile)) as c:
+                    with T.vectorized(_i64(0), _i64(v_lanes)) as v:
+                        acc.store(b.b_in[d, cb * per_tile + c, v], q, c, v)
+            with T.serial(_i64(0), _i64(self.op.input_size)) as k:
+                for q in range(count):
+                    pair = q0 + q
+                    xk = self.x_at(b, pair // rows, row0 + pair % rows, k)
+                    with T.unroll(_i64(0), _i64(per_tile)) as c:
+                        with T.vectorized(_i64(0), _i64(v_lanes)) as v:
+                            acc.store(acc[q, c, v] + xk * b.w_in[d, k, cb * per_tile + c, v], q, c, v)
+            for q in range(count):
+                with T.unroll(_i64(0), _i64(per_tile)) as c:
+                    with T.vectorized(_i64(0), _i64(v_lanes)) as v:
+                        T.buffer_store(b.xp, acc[q, c, v], [q0 + q, cb * per_tile + c, v])
+
+    # -- one time step ------------------------------------------------------------------------
+    def recurrent_sum(self, b, d, rows, lhs, lhs_index, jb, gates, first_gate=0, start=None):
+        """acc[r, g] = lhs[r] @ R[gate first_gate + g]^T over the block jb's columns."""
+        for r in range(rows):
+            with T.unroll(_i64(0), _i64(gates)) as g:
+                with T.vectorized(_i64(0), _i64(self.lanes)) as v:
+                    b.acc.store(start(g, v) if start else _f32(0.0), r, g, v)
+        with T.serial(_i64(0), _i64(self.op.hidden)) as k:
+            for r in range(rows):
+                hk = lhs[lhs_index(r, k)]
+                with T.unroll(_i64(0), _i64(gates)) as g:
+                    with T.vectorized(_i64(0), _i64(self.lanes)) as v:
+                        b.acc.store(b.acc[r, g, v] + hk * b.w_rec[d, jb, k, first_gate + g, v], r, g, v)
+
+    def step(self, b, d, row0, rows, t, cur):
+        op = self.op
+        acts = op.activations[d] if isinstance(d, int) else op.activations[0]
+        nxt = 1 - cur
+        lanes, gates = self.lanes, self.gates
+
+        def pre(r, g, jb, v, value):
+            """A gate's pre-activation: value + the projected input, clipped (bound to a name:
+            each value is computed once, however often the gate math reads it)."""
+            total = value + b.xp[t * rows + r, jb * gates + g, v]
+            if op.clip is not None:
+                total = tvm.tirx.max(_f32(-op.clip), tvm.tirx.min(_f32(op.clip), total))
+            return T.Bind(total)
+
+        def active(r):
+            if b.seq_lens is None:
+                return None
+            return t < b.seq_lens[row0 + r].astype(I64)
+
+        def keep_or(r, new, old):
+            cond = active(r)
+            return new if cond is None else tvm.tirx.Select(cond, new, old)
+
+        h_prev = (lambda r, k: [cur, r, k])
+        if op.op_type == "GRU" and not op.linear_before_reset:
+            self.gru_reset_first_phase(b, d, rows, t, cur, pre, acts)
+        with T.serial(_i64(0), _i64(self.blocks)) as jb:
+            if op.op_type == "GRU" and not op.linear_before_reset:
+                self.recurrent_sum(b, d, rows, b.rh, lambda r, k: [r, k], jb, 1, first_gate=2)
+            else:
+                start = (lambda g, v: tvm.tirx.Select(g == 2, b.b_rec[d, jb, v], _f32(0.0))) if b.b_rec is not None else None
+                self.recurrent_sum(b, d, rows, b.h, h_prev, jb, gates, start=start)
+            for r in range(rows):
+                with T.vectorized(_i64(0), _i64(lanes)) as v:
+                    j = jb * lanes + v
+                    hp = T.Bind(b.h[cur, r, j])
+                    if op.op_type == "LSTM":
+                        f_act, g_act, h_act = acts
+                        c_prev = T.Bind(b.c[r, j])
+                        peep = (lambda which: b.peep[d, which, jb, v]) if b.peep is not None else None
+                        i_pre = pre(r, 0, jb, v, b.acc[r, 0, v] + (peep(0) * c_prev if peep else _f32(0.0)))
+                        i_gate = T.Bind(f_act(i_pre))
+                        if op.input_forget:
+                            f_gate = _f32(1.0) - i_gate
+                        else:
+                            f_gate = T.Bind(f_act(pre(r, 2, jb, v, b.acc[r, 2, v] + (peep(2) * c_prev if peep else _f32(0.0)))))
+                        c_new = T.Bind(f_gate * c_prev + i_gate * g_act(pre(r, 3, jb, v, b.acc[r, 3, v])))
+                        o_gate = T.Bind(f_act(pre(r, 1, jb, v, b.acc[r, 1, v] + (peep(1) * c_new if peep else _f32(0.0)))))
+                        h_new = o_gate * h_act(c_new)
+                        T.buffer_store(b.c, keep_or(r, c_new, c_prev), [r, j])
+                    elif op.op_type == "GRU":
+                        f_act, g_act = acts
+                        if op.linear_before_reset:
+                            z_gate = T.Bind(f_act(pre(r, 0, jb, v, b.acc[r, 0, v])))
+                            r_gate = T.Bind(f_act(pre(r, 1, jb, v, b.acc[r, 1, v])))
+                            candidate = T.Bind(g_act(pre(r, 2, jb, v, r_gate * b.acc[r, 2, v])))
+                        else:
+                            z_gate = T.Bind(b.z[r, j])
+                            candidate = T.Bind(g_act(pre(r, 2, jb, v, b.acc[r, 0, v])))
+                        h_new = (_f32(1.0) - z_gate) * candidate + z_gate * hp
+                    else:
+                        h_new = acts[0](pre(r, 0, jb, v, b.acc[r, 0, v]))
+                    T.buffer_store(b.h, keep_or(r, h_new, hp), [nxt, r, j])
+        if b.y is not None:
+            with T.serial(_i64(0), _i64(rows)) as r:
+                with T.serial(_i64(0), _i64(op.hidden)) as j:
+                    T.buffer_store(b.y, keep_or(r, b.h[nxt, r, j], _f32(0.0)), self.y_index(d, t, row0 + r, j))
+
+    def gru_reset_first_phase(self, b, d, rows, t, cur, pre, acts):
+        """GRU without linear_before_reset: r multiplies h *before* the h gate's GEMM, so z and r
+        of every unit come first (kept in b.z and b.rh = r * h_prev)."""
+        f_act = acts[0]
+        with T.serial(_i64(0), _i64(self.blocks)) as jb:
+            self.recurrent_sum(b, d, rows, b.h, lambda r, k: [cur, r, k], jb, 2)
+            for r in range(rows):
+                with T.vectorized(_i64(0), _i64(self.lanes)) as v:
+                    j = jb * self.lanes + v
+                    T.buffer_store(b.z, f_act(pre(r, 0, jb, v, b.acc[r, 0, v])), [r, j])
+                    T.buffer_store(b.rh, f_act(pre(r, 1, jb, v, b.acc[r, 1, v])) * b.h[cur, r, j], [r, j])
+
+
+def _f32(value: float):
+    return tvm.tirx.const(value, F32)
+
+
+# ---------------------------------------------------------------- the kernel's signature
+
+@dataclass
+class RecurrentKernel:
+    """The PrimFunc and its signature: parameters (name, shape, dtype) and where each input
+    comes from (a model value, or a packed weight)."""
+
+    func: object
+    params: list
+    arg_sources: list[str]
+    extra_weights: dict[str, np.ndarray]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    stats: dict = field(default_factory=dict)
+
+
+def _spec_dim(dim, symbol: str):
+    return dim if dim is not None else symbol
+
+
+def build_recurrent_kernel(op: RecurrentOp, name: str, lanes: int) -> RecurrentKernel:
+    packed = pack_weights(op, lanes)
+    seq_dim, batch_dim = (op.x_dims[0], op.x_dims[1]) if op.layout == 0 else (op.x_dims[1], op.x_dims[0])
+    steps = seq_dim if seq_dim is not None else tvm.tirx.Var(SEQ, I64)
+    batch = batch_dim if batch_dim is not None else tvm.tirx.Var(BATCH, I64)
+    spec_seq, spec_batch = _spec_dim(seq_dim, SEQ), _spec_dim(batch_dim, BATCH)
+    num_d, h, tir_steps, tir_batch = len(op.directions), op.hidden, _i64(steps), _i64(batch)
+
+    def by_layout(seq_first: tuple, batch_first: tuple) -> tuple:
+        return seq_first if op.layout == 0 else batch_first
+
+    params, specs, sources, extra = [], [], [], {}
+
+    def add_input(pname, value_name, tir_shape, spec_shape, dtype=F32):
+        params.append((pname, tir_shape, dtype))
+        specs.append(TensorSpec(dtype, spec_shape))
+        sources.append(value_name)
+
+    x_shape = by_layout((tir_steps, tir_batch, op.input_size), (tir_batch, tir_steps, op.input_size))
+    add_input("x", op.inputs["X"], x_shape, by_layout((spec_seq, spec_batch, op.input_size),
+                                                     (spec_batch, spec_seq, op.input_size)))
+    for key, array in packed.arrays.items():
+        weight_name = f"{name}__{key}"
+        extra[weight_name] = array
+        add_input(key, weight_name, tuple(_i64(int(s)) for s in array.shape), tuple(int(s) for s in array.shape))
+    if "sequence_lens" in op.inputs:
+        add_input("seq_lens", op.inputs["sequence_lens"], (tir_batch,), (spec_batch,), "int32")
+    for key, pname in (("initial_h", "init_h"), ("initial_c", "init_c")):
+        if key in op.inputs:
+            add_input(pname, op.inputs[key], by_layout((num_d, tir_batch, h), (tir_batch, num_d, h)),
+                      by_layout((num_d, spec_batch, h), (spec_batch, num_d, h)))
+    outputs = []
+    for key in op.outputs:
+        pname = {"Y": "y", "Y_h": "y_h", "Y_c": "y_c"}[key]
+        if key == "Y":
+            tir_shape = by_layout((tir_steps, num_d, tir_batch, h), (tir_batch, tir_steps, num_d, h))
+            spec_shape = by_layout((spec_seq, num_d, spec_batch, h), (spec_batch, spec_seq, num_d, h))
+        else:
+            tir_shape = by_layout((num_d, tir_batch, h), (tir_batch, num_d, h))
+            spec_shape = by_layout((num_d, spec_batch, h), (spec_batch, num_d, h))
+        params.append((pname, tir_shape, F32))
+        outputs.append(TensorSpec(F32, spec_shape))
+    if "initial_c" in op.inputs and op.op_type != "LSTM":
+        raise CompileError("recurrent: initial_c on a non-LSTM op")
+    func = _KernelWriter(op, packed, tir_steps, tir_batch).write(name, params)
+    stats = {"recurrent": op.op_type, "directions": len(op.directions), "column_blocks": packed.blocks,
+             "lanes": lanes, "tile_rows": TILE_ROWS}
+    return RecurrentKernel(func, params, sources, extra, specs, outputs, stats)
+
+
+# ---------------------------------------------------------------- compile
+
+def is_recurrent_group(model: onnx.ModelProto) -> bool:
+    nodes = model.graph.node
+    return len(nodes) == 1 and nodes[0].op_type in ("LSTM", "GRU", "RNN") and nodes[0].domain in ("", "ai.onnx")
+
+
+@dataclass
+class CompiledRecurrent(CompiledGroup):
+    """A compiled sequence kernel; run() builds the same PrimFunc for the host CPU."""
+
+    def _kernel(self, bindings):
+        if self._host_kernel is None:
+            ex = build_module({self.spec.name: self._fused}, tvm.target.Target({"kind": "llvm"}))
+            self._host_kernel = ex.mod[self.spec.name]
+        return self._host_kernel
+
+
+def compile_recurrent(model: onnx.ModelProto, name: str, target: Target, out_dir: pathlib.Path) -> CompiledRecurrent:
+    stats: dict = {}
+    op = _stage("import", stats, lambda: read_recurrent_op(model))
+    registers = register_file.for_target(target.tvm_target())
+    lanes = registers.lanes(32)
+    kernel = _stage("schedule", stats, lambda: build_recurrent_kernel(op, name, lanes))
+    # onnxruntime's tensors are only element aligned: TVM's default 64-byte declaration would let
+    # LLVM emit aligned vector loads that fault on them.
+    func = param_alignment.element_aligned(kernel.func.with_attr("global_symbol", name))
+    obj = _stage("build", stats, lambda: build_object({name: func}, name, target, pathlib.Path(out_dir)))
+    stats.update(kernel.stats)
+    try:
+        spec = KernelSpec(name, tuple(kernel.inputs), tuple(kernel.outputs), str(obj))
+    except ValueError as exc:
+        raise CompileError(f"spec: {exc}") from exc
+    return CompiledRecurrent(spec, tuple(kernel.arg_sources), dict(kernel.extra_weights), stats, model, func,
+                             _registers=registers)

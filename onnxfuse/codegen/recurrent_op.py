@@ -1,0 +1,277 @@
+"""What one ONNX LSTM / GRU / RNN node computes, read into a plain description.
+
+The sequence kernel (recurrent.py) is generated from a `RecurrentOp`: its gates, activations,
+directions, layout, optional inputs and outputs, and its weights packed for the kernel's
+register tile. Everything the kernel does not implement is refused here with a one-line
+`CompileError`, so the group falls back to onnxruntime's own op: never a wrong number.
+
+Gate order is ONNX's: LSTM i, o, f, c; GRU z, r, h; RNN one gate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+import onnx
+import tvm
+from onnx import helper, numpy_helper
+
+from ..errors import CompileError
+from .fast_math import fast_exp_value
+
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+DEFAULT_ACTIVATIONS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"), "RNN": ("Tanh",)}
+INPUT_NAMES = {
+    "LSTM": ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"),
+    "GRU": ("X", "W", "R", "B", "sequence_lens", "initial_h"),
+    "RNN": ("X", "W", "R", "B", "sequence_lens", "initial_h"),
+}
+OUTPUT_NAMES = ("Y", "Y_h", "Y_c")
+WEIGHT_INPUTS = ("W", "R", "B", "P")  # folded into packed constants: they must be constants
+
+
+# ---------------------------------------------------------------- activations
+
+def _tanh_series() -> tuple[float, ...]:
+    """Taylor coefficients of tanh (x, x^3, x^5, ...) from the Bernoulli numbers:
+    tanh x = sum 2^2n (2^2n - 1) B_2n x^(2n-1) / (2n)!."""
+    bernoulli = [Fraction(1)]
+    for m in range(1, 20):
+        bernoulli.append(-sum(math.comb(m + 1, k) * bernoulli[k] for k in range(m)) / (m + 1))
+    return tuple(float(4**n * (4**n - 1) * bernoulli[2 * n] / math.factorial(2 * n)) for n in range(1, 10))
+
+
+_TANH_SERIES = _tanh_series()
+_TANH_SERIES_BELOW = 0.5  # |x| under this: the series (9 terms: under 1e-9 relative error there)
+
+
+def _f32(value: float):
+    return tvm.tirx.const(value, "float32")
+
+
+def fast_sigmoid(x):
+    return _f32(1.0) / (_f32(1.0) + fast_exp_value(-x))
+
+
+def fast_tanh(x):
+    """tanh from the fast exp away from 0 (1 - 2 / (e^2|x| + 1), no cancellation there) and
+    from its Taylor series near 0, where that form would cancel."""
+    x2 = x * x
+    series = _f32(_TANH_SERIES[-1])
+    for c in reversed(_TANH_SERIES[:-1]):
+        series = series * x2 + _f32(c)
+    magnitude = tvm.tirx.abs(x)
+    far = _f32(1.0) - _f32(2.0) / (fast_exp_value(magnitude * _f32(2.0)) + _f32(1.0))
+    signed = tvm.tirx.Select(x < _f32(0.0), -far, far)
+    return tvm.tirx.Select(magnitude < _f32(_TANH_SERIES_BELOW), x * series, signed)
+
+
+# name → (alpha and beta it takes, their ONNX defaults, the function of x, alpha, beta)
+ACTIVATIONS = {
+    "Sigmoid": (0, (), lambda x, a, b: fast_sigmoid(x)),
+    "Tanh": (0, (), lambda x, a, b: fast_tanh(x)),
+    "Relu": (0, (), lambda x, a, b: tvm.tirx.Select(x > _f32(0.0), x, _f32(0.0))),
+    "HardSigmoid": (2, (0.2, 0.5), lambda x, a, b: tvm.tirx.max(_f32(0.0), tvm.tirx.min(_f32(1.0), _f32(a) * x + _f32(b)))),
+    "Affine": (2, (1.0, 0.0), lambda x, a, b: _f32(a) * x + _f32(b)),
+    "LeakyRelu": (1, (0.01,), lambda x, a, b: tvm.tirx.Select(x >= _f32(0.0), x, _f32(a) * x)),
+    "ScaledTanh": (2, (1.0, 1.0), lambda x, a, b: _f32(a) * fast_tanh(_f32(b) * x)),
+    "Softsign": (0, (), lambda x, a, b: x / (_f32(1.0) + tvm.tirx.abs(x))),
+}
+
+
+@dataclass(frozen=True)
+class Activation:
+    name: str
+    alpha: float = 0.0
+    beta: float = 0.0
+
+    def __call__(self, x):
+        return ACTIVATIONS[self.name][2](x, self.alpha, self.beta)
+
+
+def _activations(op_type: str, attrs: dict, directions: int) -> tuple[tuple[Activation, ...], ...]:
+    """Per direction, the op's activation functions with their alpha and beta: alphas and betas
+    are handed out in order to the activations that take them, as onnxruntime reads them."""
+    per_direction = len(DEFAULT_ACTIVATIONS[op_type])
+    names = [n.decode() if isinstance(n, bytes) else n for n in attrs.get("activations", [])]
+    if not names:
+        names = list(DEFAULT_ACTIVATIONS[op_type]) * directions
+    if len(names) == per_direction and directions == 2:
+        names = names * 2  # onnxruntime repeats one direction's list for both
+    if len(names) != per_direction * directions:
+        raise CompileError(f"recurrent: {len(names)} activations for {directions} direction(s) of {op_type}")
+    alphas, betas = list(attrs.get("activation_alpha", [])), list(attrs.get("activation_beta", []))
+    chosen = []
+    for name in names:
+        known = next((k for k in ACTIVATIONS if k.lower() == name.lower()), None)
+        if known is None:
+            raise CompileError(f"recurrent: activation {name} is not implemented by the sequence kernel")
+        takes, defaults, _ = ACTIVATIONS[known]
+        alpha = alphas.pop(0) if takes >= 1 and alphas else (defaults[0] if takes >= 1 else 0.0)
+        beta = betas.pop(0) if takes >= 2 and betas else (defaults[1] if takes >= 2 else 0.0)
+        chosen.append(Activation(known, float(alpha), float(beta)))
+    return tuple(tuple(chosen[d * per_direction:(d + 1) * per_direction]) for d in range(directions))
+
+
+# ---------------------------------------------------------------- the op
+
+@dataclass(frozen=True)
+class RecurrentOp:
+    op_type: str
+    hidden: int
+    input_size: int
+    directions: tuple[str, ...]  # "forward" / "reverse", in the order of the D axis
+    layout: int
+    clip: float | None
+    activations: tuple[tuple[Activation, ...], ...]  # per direction
+    linear_before_reset: bool
+    input_forget: bool
+    x_dims: tuple  # X's dims as in the model: ints or None for unknown
+    inputs: dict[str, str]  # ONNX input name (X, sequence_lens, initial_h, initial_c) → model value
+    outputs: tuple[str, ...]  # the ONNX outputs (Y, Y_h, Y_c) the group hands back, in order
+    output_values: tuple[str, ...]  # their value names
+    weights: dict[str, np.ndarray] = field(repr=False, default_factory=dict)  # W, R, B, P (absent: not present)
+
+    @property
+    def gates(self) -> int:
+        return GATES[self.op_type]
+
+    @property
+    def has_peepholes(self) -> bool:
+        return "P" in self.weights
+
+
+def _attributes(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def read_recurrent_op(model: onnx.ModelProto) -> RecurrentOp:
+    """The description of the group's single recurrent node, or a CompileError saying which
+    part of it the sequence kernel does not implement."""
+    nodes = list(model.graph.node)
+    if len(nodes) != 1 or nodes[0].op_type not in GATES or nodes[0].domain not in ("", "ai.onnx"):
+        raise CompileError("recurrent: a sequence kernel takes exactly one LSTM, GRU or RNN node")
+    node = nodes[0]
+    op_type, attrs = node.op_type, _attributes(node)
+    names = INPUT_NAMES[op_type]
+    given = {names[i]: name for i, name in enumerate(node.input) if name and i < len(names)}
+    initializers = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    types = {v.name: v.type.tensor_type for v in list(model.graph.input) + list(model.graph.output)}
+
+    for name in list(given.values()) + [o for o in node.output if o]:
+        dtype = initializers[name].dtype if name in initializers else (
+            helper.tensor_dtype_to_np_dtype(types[name].elem_type) if name in types else None)
+        expected = np.int32 if name == given.get("sequence_lens") else np.float32
+        if dtype is not None and np.dtype(dtype) != np.dtype(expected):
+            raise CompileError(f"recurrent: {name} is {np.dtype(dtype)}; the sequence kernel takes float32 "
+                               "(sequence_lens int32)")
+    weights = {}
+    for key in WEIGHT_INPUTS:
+        if key in given:
+            if given[key] not in initializers:
+                raise CompileError(f"recurrent: input {key} is computed at run time; the sequence kernel packs "
+                                   "W, R, B and P at compile time, so they must be constants")
+            weights[key] = initializers[given[key]].astype(np.float32)
+    if "W" not in weights or "R" not in weights:
+        raise CompileError("recurrent: W and R are required")
+
+    direction = attrs.get("direction", b"forward")
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    directions = {"forward": ("forward",), "reverse": ("reverse",), "bidirectional": ("forward", "reverse")}.get(direction)
+    if directions is None:
+        raise CompileError(f"recurrent: unknown direction {direction!r}")
+    gates = GATES[op_type]
+    num_dirs, gh, input_size = weights["W"].shape
+    hidden = int(attrs.get("hidden_size", weights["R"].shape[-1]))
+    if num_dirs != len(directions) or gh != gates * hidden or weights["R"].shape != (num_dirs, gates * hidden, hidden):
+        raise CompileError(f"recurrent: W {weights['W'].shape} / R {weights['R'].shape} do not match "
+                           f"hidden_size {hidden} and direction {direction}")
+    if "B" in weights and weights["B"].shape != (num_dirs, 2 * gates * hidden):
+        raise CompileError(f"recurrent: B has shape {weights['B'].shape}")
+    if "P" in weights and weights["P"].shape != (num_dirs, 3 * hidden):
+        raise CompileError(f"recurrent: P has shape {weights['P'].shape}")
+
+    layout = int(attrs.get("layout", 0))
+    if layout not in (0, 1):
+        raise CompileError(f"recurrent: layout {layout}")
+    x_type = types.get(given["X"])
+    if x_type is None or len(x_type.shape.dim) != 3:
+        raise CompileError("recurrent: X must be a rank-3 input of the group")
+    x_dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in x_type.shape.dim)
+    if x_dims[2] != input_size:
+        raise CompileError(f"recurrent: X's last dim {x_dims[2]} is not W's input size {input_size}")
+
+    present = [(OUTPUT_NAMES[i], name) for i, name in enumerate(node.output) if name]
+    returned = {o.name for o in model.graph.output}
+    outputs = [(key, name) for key, name in present if name in returned]
+    clip = attrs.get("clip")
+    return RecurrentOp(
+        op_type=op_type, hidden=hidden, input_size=int(input_size), directions=directions, layout=layout,
+        clip=float(clip) if clip is not None else None,
+        activations=_activations(op_type, attrs, len(directions)),
+        linear_before_reset=bool(attrs.get("linear_before_reset", 0)),
+        input_forget=bool(attrs.get("input_forget", 0)),
+        x_dims=x_dims,
+        inputs={k: v for k, v in given.items() if k not in WEIGHT_INPUTS},
+        outputs=tuple(k for k, _ in outputs), output_values=tuple(v for _, v in outputs),
+        weights=weights,
+    )
+
+
+# ---------------------------------------------------------------- packed weights
+
+@dataclass(frozen=True)
+class PackedWeights:
+    """The weights in the order the kernel streams them, hidden columns padded to whole vectors
+    (`lanes` wide) with zeros, so padded columns stay 0 and never reach a real one:
+
+    w_in   [D, I, NB*G, V]   input projection: row k holds every gate's columns, block-major
+    w_rec  [D, NB, H, G, V]  recurrent weights: one column block's stream is contiguous
+    b_in   [D, NB*G, V]      bias added to the input projection (Wb + Rb, except GRU's Rbh
+                             under linear_before_reset, which r multiplies)
+    b_rec  [D, NB, V]        GRU's Rbh when linear_before_reset (else absent)
+    peep   [D, 3, NB, V]     LSTM peepholes i, o, f (else absent)
+    """
+
+    arrays: dict[str, np.ndarray]
+    blocks: int  # NB: column blocks of `lanes` hidden units
+    lanes: int
+
+
+def pack_weights(op: RecurrentOp, lanes: int) -> PackedWeights:
+    d, h, g, i = len(op.directions), op.hidden, op.gates, op.input_size
+    nb = -(-h // lanes)
+    hp = nb * lanes
+
+    def gate_columns(matrix: np.ndarray) -> np.ndarray:
+        """[D, G*H, K] → [D, K, NB, G, V] with zero padding of the hidden columns."""
+        k = matrix.shape[-1]
+        padded = np.zeros((d, g, hp, k), np.float32)
+        padded[:, :, :h, :] = matrix.reshape(d, g, h, k)
+        return padded.reshape(d, g, nb, lanes, k).transpose(0, 4, 2, 1, 3)
+
+    w_in = np.ascontiguousarray(gate_columns(op.weights["W"]).reshape(d, i, nb * g, lanes))
+    w_rec = np.ascontiguousarray(gate_columns(op.weights["R"]).transpose(0, 2, 1, 3, 4))
+    bias = op.weights.get("B", np.zeros((d, 2 * g * h), np.float32))
+    wb, rb = bias[:, : g * h].reshape(d, g, h), bias[:, g * h:].reshape(d, g, h)
+    b_in = wb + rb
+    arrays = {"w_in": w_in, "w_rec": w_rec}
+    if op.op_type == "GRU" and op.linear_before_reset:
+        b_in = b_in.copy()
+        b_in[:, 2] = wb[:, 2]
+        arrays["b_rec"] = _blocked(rb[:, 2:3], nb, lanes).reshape(d, nb, lanes)
+    arrays["b_in"] = _blocked(b_in, nb, lanes).transpose(0, 2, 1, 3).reshape(d, nb * g, lanes).copy()
+    if op.has_peepholes:
+        arrays["peep"] = _blocked(op.weights["P"].reshape(d, 3, h), nb, lanes)
+    return PackedWeights({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in arrays.items()}, nb, lanes)
+
+
+def _blocked(per_gate: np.ndarray, nb: int, lanes: int) -> np.ndarray:
+    """[D, G, H] → [D, G, NB, V], zero-padded."""
+    d, g, h = per_gate.shape
+    out = np.zeros((d, g, nb * lanes), np.float32)
+    out[:, :, :h] = per_gate
+    return out.reshape(d, g, nb, lanes)

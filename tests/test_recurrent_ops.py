@@ -1,0 +1,161 @@
+"""LSTM / GRU / RNN nodes as sequence kernels (codegen/recurrent.py), against onnxruntime running
+the original op, per attribute: directions, initial states, sequence_lens, both layouts, clip,
+activations, GRU linear_before_reset, LSTM peepholes and input_forget.
+
+Tolerance: rtol 1e-4, atol 1e-5 (the fast exp / tanh / sigmoid are a few ulps off libm's, and
+the differences compound over time steps; docs/recurrent.md). Sizes are small and the hidden size
+is not a multiple of the vector width, so the padded column block is exercised too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import assert_outputs_match, run_both
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxfuse
+from onnxfuse.codegen.recurrent_op import read_recurrent_op
+from onnxfuse.errors import CompileError
+from onnxfuse.frontend.loader import load_model
+from onnxfuse.fusion.plan import plan_fusion
+
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+INPUT, HIDDEN = 8, 20
+# (sequence length, batch): ragged rows only, one full batch tile + ragged rows, full tiles only
+SIZES = [(1, 1), (5, 3), (9, 6), (2, 8)]
+
+
+def recurrent_model(op: str, *, direction="forward", layout=0, states=False, seq_lens=False, peepholes=False,
+                    outputs=None, **attributes) -> onnx.ModelProto:
+    """One recurrent node with symbolic sequence and batch; states and sequence_lens are inputs."""
+    rng = np.random.default_rng(7)
+    d, g = (2 if direction == "bidirectional" else 1), GATES[op]
+    weights = {"W": rng.standard_normal((d, g * HIDDEN, INPUT)) * 0.4, "R": rng.standard_normal((d, g * HIDDEN, HIDDEN)) * 0.4,
+               "B": rng.standard_normal((d, 2 * g * HIDDEN)) * 0.3}
+    if peepholes:
+        weights["P"] = rng.standard_normal((d, 3 * HIDDEN)) * 0.3
+    seq_batch = ["seq", "batch"] if layout == 0 else ["batch", "seq"]
+    state_shape = [d, "batch", HIDDEN] if layout == 0 else ["batch", d, HIDDEN]
+    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [*seq_batch, INPUT])]
+    names = ["X", "W", "R", "B", "", "", ""]
+    if seq_lens:
+        inputs.append(helper.make_tensor_value_info("lens", TensorProto.INT32, ["batch"]))
+        names[4] = "lens"
+    if states:
+        inputs.append(helper.make_tensor_value_info("h0", TensorProto.FLOAT, state_shape))
+        names[5] = "h0"
+        if op == "LSTM":
+            inputs.append(helper.make_tensor_value_info("c0", TensorProto.FLOAT, state_shape))
+            names[6] = "c0"
+    if peepholes:
+        names.append("P")
+    names = names if op == "LSTM" else names[:6]
+    while names and not names[-1]:
+        names.pop()
+    outputs = outputs or (["Y", "Y_h", "Y_c"] if op == "LSTM" else ["Y", "Y_h"])
+    y_shape = ["seq", d, "batch", HIDDEN] if layout == 0 else ["batch", "seq", d, HIDDEN]
+    infos = [helper.make_tensor_value_info(o, TensorProto.FLOAT, y_shape if o == "Y" else state_shape) for o in outputs]
+    node_outputs = [o if o in outputs else "" for o in (["Y", "Y_h", "Y_c"] if op == "LSTM" else ["Y", "Y_h"])]
+    while not node_outputs[-1]:
+        node_outputs.pop()
+    if layout:
+        attributes["layout"] = layout
+    node = helper.make_node(op, names, node_outputs, hidden_size=HIDDEN, direction=direction, **attributes)
+    graph = helper.make_graph([node], "recurrent", inputs, infos,
+                              [numpy_helper.from_array(w.astype(np.float32), k) for k, w in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=8)
+
+
+def seq_first_reference(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnxruntime refuses layout 1, so a layout-1 op is checked against its layout-0 twin with
+    the inputs and outputs transposed: onnxruntime's own op on the same numbers."""
+    reference = onnx.ModelProto()
+    reference.CopyFrom(model)
+    graph = reference.graph
+    node = graph.node[0]
+    del node.attribute[[a.name for a in node.attribute].index("layout")]
+    transposes = []
+    for k, name in enumerate(node.input):
+        if name in ("X", "h0", "c0"):
+            node.input[k] = f"{name}_seq_first"
+            transposes.append(helper.make_node("Transpose", [name], [node.input[k]], perm=[1, 0, 2]))
+    for k, name in enumerate(node.output):
+        if name:
+            node.output[k] = f"{name}_seq_first"
+            perm = [2, 0, 1, 3] if name == "Y" else [1, 0, 2]
+            transposes.append(helper.make_node("Transpose", [node.output[k]], [name], perm=perm))
+    graph.node.extend(transposes)
+    return reference
+
+
+def feeds_for(model: onnx.ModelProto, steps: int, batch: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in model.graph.input:
+        dims = [d.dim_value if d.HasField("dim_value") else (steps if d.dim_param == "seq" else batch)
+                for d in value.type.tensor_type.shape.dim]
+        if value.name == "lens":
+            feeds["lens"] = rng.integers(1, steps + 1, size=dims).astype(np.int32)
+        else:
+            feeds[value.name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds
+
+
+CASES = {
+    "lstm_forward_defaults": dict(op="LSTM"),
+    "lstm_bidirectional_states_lens_peepholes_clip": dict(op="LSTM", direction="bidirectional", states=True,
+                                                         seq_lens=True, peepholes=True, clip=1.5),
+    "lstm_reverse_layout1_input_forget_activations": dict(
+        op="LSTM", direction="reverse", layout=1, input_forget=1,
+        activations=["HardSigmoid", "Tanh", "Softsign"], activation_alpha=[0.3], activation_beta=[0.4]),
+    "gru_bidirectional_linear_before_reset_states_lens": dict(op="GRU", direction="bidirectional", states=True,
+                                                              seq_lens=True, linear_before_reset=1),
+    "gru_reverse_layout1_reset_after_clip": dict(op="GRU", direction="reverse", layout=1, seq_lens=True, clip=2.0),
+    "lstm_bidirectional_layout1_states_only_y_h_y_c": dict(op="LSTM", direction="bidirectional", layout=1,
+                                                          states=True, outputs=["Y_h", "Y_c"]),
+    "rnn_bidirectional_relu_only_y_h": dict(op="RNN", direction="bidirectional", states=True,
+                                            activations=["Relu", "Tanh"], outputs=["Y_h"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_sequence_kernel_matches_onnxruntime(case, tmp_path, cache):
+    model = recurrent_model(**CASES[case])
+    original = tmp_path / f"{case}.onnx"
+    onnx.save(model, original)
+    result = onnxfuse.optimize(original, tmp_path / f"{case}.fused.onnx", verify=False, cache_dir=cache)
+    assert [o.status for o in result.outcomes] == ["compiled"], result.report["groups"]
+    fused = onnx.load(result.model_path)
+    assert not any(n.op_type in GATES for n in fused.graph.node)
+    reference = original
+    if CASES[case].get("layout") == 1:
+        reference = tmp_path / f"{case}.reference.onnx"
+        onnx.save(seq_first_reference(model), reference)
+    for seed, (steps, batch) in enumerate(SIZES):
+        expected, actual = run_both(reference, result.model_path, feeds_for(model, steps, batch, seed))
+        assert_outputs_match(expected, actual, rtol=1e-4, atol=1e-5)
+
+
+def test_a_recurrent_node_is_a_group_of_its_own(tmp_path):
+    path = tmp_path / "lstm.onnx"
+    onnx.save(recurrent_model("LSTM"), path)
+    plan = plan_fusion(load_model(path))
+    assert [g.op_types for g in plan.groups] == [("LSTM",)]
+    assert plan.unfused == []
+
+
+def test_weights_computed_at_run_time_fall_back_with_a_reason():
+    model = recurrent_model("GRU")
+    w = next(i for i in model.graph.initializer if i.name == "W")
+    model.graph.input.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, list(w.dims)))
+    del model.graph.initializer[[i.name for i in model.graph.initializer].index("W")]
+    with pytest.raises(CompileError, match="must be constants"):
+        read_recurrent_op(model)
+
+
+def test_an_activation_the_kernel_lacks_falls_back_with_a_reason():
+    model = recurrent_model("RNN", activations=["Softplus"])
+    with pytest.raises(CompileError, match="Softplus"):
+        read_recurrent_op(model)
