@@ -102,9 +102,9 @@ def round_clock(threads: int) -> Callable[[], float]:
 
 def race(contenders: Sequence[Contender], reference: dict[str, np.ndarray], rounds: int = ROUNDS,
          round_seconds: float = ROUND_SECONDS, budget_seconds: float = BUDGET_SECONDS,
-         clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing | str]:
+         clock: Callable[[], float] | None = None) -> dict[str, Timing | str]:
     """Check every contender against `reference` (but those with checked=False), then time the ones
-    that match in alternating rounds (timed by `clock`: round_clock).
+    that match in alternating rounds (timed by `clock`, round_clock; default: wall time).
 
     Returns contender name → Timing, or → the reason it was not timed (failed or differed).
     """
@@ -177,7 +177,7 @@ def calls_per_round(once: float, round_seconds: float) -> int:
 
 def alternating_rounds(calls: Sequence[Callable[[], object]], reps: Sequence[int], rounds: int,
                        wait_until_idle: Callable[[], object] = idle.wait_until_idle,
-                       clock: Callable[[], float] = time.perf_counter) -> list[list[float]]:
+                       clock: Callable[[], float] | None = None) -> list[list[float]]:
     """Seconds per call of each of `calls`, one sample per round, the calls taking turns.
 
     Taking turns matters: a slow phase of the machine then slows every contender alike, and
@@ -186,6 +186,7 @@ def alternating_rounds(calls: Sequence[Callable[[], object]], reps: Sequence[int
     the previous one's pool threads have stopped spinning (idle.wait_until_idle): TVM's pool
     spins after every call, and a spinning neighbour would take a core from the next round.
     """
+    clock = clock or time.perf_counter  # looked up per call: wall time unless round_clock says otherwise
     samples: list[list[float]] = [[] for _ in calls]
     for r in range(rounds):
         order = range(len(calls)) if r % 2 == 0 else reversed(range(len(calls)))

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -196,7 +195,7 @@ def sample_until_sure(sample, rounds: int = ROUNDS, widen: int = WIDEN_ROUNDS,
 
 
 def alternate_samples(contenders, once: list[float], rounds: int = ROUNDS,
-                      round_seconds: float = ROUND_SECONDS, clock=time.perf_counter) -> list[list[float]]:
+                      round_seconds: float = ROUND_SECONDS, clock=None) -> list[list[float]]:
     """Seconds per call of each contender, one sample per round, timed in alternating rounds
     (bench's timer) by `clock` (round_clock); `once` is one call's seconds per contender, to
     size the rounds."""
