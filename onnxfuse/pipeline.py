@@ -208,8 +208,9 @@ def optimize(model: str | os.PathLike, output: str | os.PathLike | None = None, 
     max_depth / max_inputs / max_duplication: the fusion bounds.
     cache_dir: a directory, True for the default (~/.cache/onnxfuse or $ONNXFUSE_CACHE_DIR),
     or False/None to compile everything afresh.
-    select: "auto" (deterministic) compiles every group except those with an op onnxruntime still
-    runs much faster (convolutions, pooling: see OpInfo.competitive); "all" compiles every group;
+    select: "auto" (deterministic) compiles every group except what rules calibrated by measurement
+    leave to onnxruntime (convolutions and pooling, shapes our schedule handles badly: select/auto.py);
+    "all" compiles every group;
     "measured" keeps a kernel only if it is not slower than onnxruntime on the group's own nodes
     at each of `select_batches` (symbolic dims) and each of `threads` (intra-op thread counts),
     then drops kept groups while the whole fused model is slower than the original.
