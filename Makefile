@@ -57,7 +57,7 @@ clean:
 # Benchmarks (benchmarks/run.py): tables on stdout, JSON + markdown in benchmarks/results/.
 # bench-corpus times the exported corpus (benchmarks/corpus.py --time, docs/corpus.md);
 # corpus-check only optimizes and verifies it (exit 1 on a mismatch).
-.PHONY: bench-trees bench-cells bench-repeat bench-corpus corpus-check bench-install bench-peers
+.PHONY: bench-trees bench-cells bench-repeat bench-corpus corpus-check bench-install bench-peers bench-default
 bench: install bench-install bench-corpus
 	$(BIN)/python benchmarks/run.py models
 	$(BIN)/python benchmarks/run.py repeat
@@ -78,6 +78,10 @@ bench-corpus: install
 
 corpus-check: install
 	$(BIN)/python benchmarks/corpus.py
+
+# The default output against onnxruntime on every bundled, corpus and light model (docs/selection.md).
+bench-default: install
+	$(BIN)/python benchmarks/default_sweep.py
 
 bench-trees: install
 	$(BIN)/python benchmarks/run.py trees

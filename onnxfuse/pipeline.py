@@ -44,6 +44,7 @@ from .progress import Progress
 from .runtime.library import build_library
 from .select import SELECTIONS
 from .select.auto import auto_rejects, leave_to_onnxruntime
+from .select.decisions import DecisionCache
 from .select.measured import judge_groups
 from .select.shipped import ShippedCheck, check_shipped
 from .select.whole_model import check_whole_model
@@ -211,8 +212,9 @@ def optimize(model: str | os.PathLike, output: str | os.PathLike | None = None, 
     max_depth / max_inputs / max_duplication: the fusion bounds.
     cache_dir: a directory, True for the default (~/.cache/onnxfuse or $ONNXFUSE_CACHE_DIR),
     or False/None to compile everything afresh.
-    select: "auto" (deterministic) compiles every group except those with an op onnxruntime still
-    runs much faster (convolutions, pooling: see OpInfo.competitive); "all" compiles every group;
+    select: "auto" (deterministic) compiles every group except what rules calibrated by measurement
+    leave to onnxruntime (convolutions and pooling, shapes our schedule handles badly: select/auto.py);
+    "all" compiles every group;
     "measured" keeps a kernel only if it is not slower than onnxruntime on the group's own nodes
     at each of `select_batches` (symbolic dims) and each of `threads` (intra-op thread counts),
     then drops kept groups while the whole fused model is slower than the original.
@@ -401,10 +403,11 @@ def _select_measured(graph: Graph, outcomes: list[GroupOutcome], tgt: Target, bu
     if not kernels:
         return outcomes, {}
     library = _build_library([k for _, k in kernels.values()], build_dir / "measure.so", tgt)
-    verdicts = judge_groups(graph, kernels, library, options.select_batches, options.threads, progress.note)
+    decisions = DecisionCache(options.kernel_cache().root)  # verdicts timed before on this machine class
+    verdicts = judge_groups(graph, kernels, library, options.select_batches, options.threads, progress.note, decisions)
     kept = {name: pair for name, pair in kernels.items() if name not in verdicts.dropped}
     whole = check_whole_model(graph, kept, verdicts.gains_us, library, tgt.name, options.select_batches,
-                              options.threads, progress.note)
+                              options.threads, progress.note, decisions)
     dropped = {**verdicts.dropped, **whole.dropped}
     decided = []
     for o in outcomes:

@@ -16,7 +16,7 @@ from test_optimize import MODELS, assert_outputs_match, random_inputs, run_both
 import onnxfuse.select.measured
 import onnxfuse.select.whole_model
 from onnxfuse import optimize
-from onnxfuse.select.measured import NOISE, Measurement, alternate_samples, kernel_is_worth_keeping
+from onnxfuse.select.measured import NOISE, Measurement, alternate_samples, kernel_is_worth_keeping, why_dropped
 from onnxfuse.select.whole_model import TOLERANCE, Comparison, choose_kept, dropped_at, final_kept
 
 
@@ -56,11 +56,12 @@ def test_measured_selection_records_both_times_and_keeps_results_correct(tmp_pat
         assert [(m["batch"], m["threads"]) for m in measured] == [(1, 1), (4, 1), (1, 2), (4, 2)]
         kept = group["status"] in ("compiled", "cached")
         recorded = [Measurement(m["batch"], m["threads"], m["kernel_us"], m["onnxruntime_us"],
-                                paired_speedup=m["speedup"]) for m in measured]
+                                paired_speedup=m["speedup"], band=tuple(m["band"]) if "band" in m else None,
+                                rounds=m.get("rounds", 0)) for m in measured]
         worth_it = kernel_is_worth_keeping(recorded)  # the rule, applied to what the report records
         assert worth_it or not kept
         if not worth_it:
-            assert group["reason"].startswith("measured: onnxruntime is faster")
+            assert group["reason"].split("(")[0] == why_dropped(recorded).split("(")[0]  # the same kind of loss
         elif not kept:  # worth it alone, but the whole model was slower with it
             assert group["reason"].startswith("dropped by the whole-model check")
     expected, actual = run_both(source, result.model_path, random_inputs(source, 3))

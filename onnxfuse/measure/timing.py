@@ -11,6 +11,7 @@ Why the measurement is shaped this way:
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -44,12 +45,15 @@ class Timing:
     calls_per_round: int
     paired_speedup: float | None = None
     samples: tuple[float, ...] = ()  # seconds per call in each round, in round order (to pair any two contenders)
+    paired_band: tuple[float, float] | None = None  # the 95% interval of paired_speedup (median_interval)
 
     def to_json(self) -> dict:
         out = {"median_ms": _ms(self.median), "p10_ms": _ms(self.p10), "p90_ms": _ms(self.p90),
                "rounds": self.rounds, "calls_per_round": self.calls_per_round}
         if self.paired_speedup is not None:
             out["paired_speedup"] = round(self.paired_speedup, 3)
+        if self.paired_band is not None:
+            out["paired_band"] = [round(x, 3) for x in self.paired_band]
         if self.samples:
             out["round_ms"] = [_ms(x) for x in self.samples]
         return out
@@ -83,10 +87,24 @@ def check_outputs(reference: dict[str, np.ndarray], actual: dict[str, np.ndarray
     return None
 
 
+def round_clock(threads: int) -> Callable[[], float]:
+    """The clock that times a round at `threads` intra-op threads: the calling thread's CPU time
+    at 1 thread, wall time otherwise.
+
+    At 1 thread onnxruntime runs every node, and our kernels, on the calling thread, so its CPU
+    time is the whole cost of a call, without the time other processes held the core. On this
+    2-vCPU VM under a load of 6, branchy_cell_ts at batch 1 measured 50-80 us per call by the wall
+    clock (bands of the speedup 0.36-1.44 wide, the same model against itself 0.63-1.35) and 9.5-11.4 us
+    by CPU time, three repeats agreeing to 0.02 (kernel 0.86-0.88x, the same model against
+    itself 1.02-1.03x). With a pool, its threads' work would be missed: wall time there."""
+    return time.thread_time if threads == 1 else time.perf_counter
+
+
 def race(contenders: Sequence[Contender], reference: dict[str, np.ndarray], rounds: int = ROUNDS,
-         round_seconds: float = ROUND_SECONDS, budget_seconds: float = BUDGET_SECONDS) -> dict[str, Timing | str]:
+         round_seconds: float = ROUND_SECONDS, budget_seconds: float = BUDGET_SECONDS,
+         clock: Callable[[], float] | None = None) -> dict[str, Timing | str]:
     """Check every contender against `reference` (but those with checked=False), then time the ones
-    that match in alternating rounds.
+    that match in alternating rounds (timed by `clock`, round_clock; default: wall time).
 
     Returns contender name → Timing, or → the reason it was not timed (failed or differed).
     """
@@ -114,15 +132,42 @@ def race(contenders: Sequence[Contender], reference: dict[str, np.ndarray], roun
         round_cost += reps * once
     rounds = max(min(rounds, MIN_ROUNDS), min(rounds, int(budget_seconds / max(round_cost, 1e-9))))
 
-    samples = alternating_rounds([c.call for c, _ in timed], [reps for _, reps in timed], rounds)
+    samples = alternating_rounds([c.call for c, _ in timed], [reps for _, reps in timed], rounds, clock=clock)
     # Ratios are taken round by round against the first contender (the baseline) when it was timed
     # in rounds too: a VM that slows down for a few rounds then slows both sides of each ratio.
     baseline = samples[0] if timed and timed[0][0] is contenders[0] else None
     for (contender, reps), s in zip(timed, samples):
         p10, p90 = np.percentile(s, [10, 90])
-        paired = statistics.median(b / x for b, x in zip(baseline, s)) if baseline is not None else None
-        results[contender.name] = Timing(statistics.median(s), float(p10), float(p90), rounds, reps, paired, tuple(s))
+        ratios = [b / x for b, x in zip(baseline, s)] if baseline is not None else None
+        paired = statistics.median(ratios) if ratios else None
+        band = median_interval(ratios) if ratios else None
+        results[contender.name] = Timing(statistics.median(s), float(p10), float(p90), rounds, reps, paired,
+                                         tuple(s), band)
     return {c.name: results[c.name] for c in contenders}
+
+
+def median_interval(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """An interval that holds the true median of what `samples` were drawn from with at least
+    `confidence` (or the whole range, when there are too few samples for that).
+
+    Distribution-free: the median lies below the k-th smallest of n samples with the binomial
+    probability P(Binomial(n, 1/2) >= k), whatever the timings' distribution (skewed, with a
+    few rounds hit by another job); so the interval is [k-th smallest, k-th largest] for the
+    largest k that keeps both tails within (1 - confidence) / 2. 15 rounds give the 4th and
+    12th of the sorted ratios (96%)."""
+    ordered = sorted(samples)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("no samples")
+    tail = (1 - confidence) / 2
+    k, below = 0, 0.0  # below: P(Binomial(n, 1/2) <= k - 1), the chance the median is under the k-th
+    while k < n // 2:
+        below_next = below + math.comb(n, k) / 2**n
+        if below_next > tail:
+            break
+        below, k = below_next, k + 1
+    lo = max(k - 1, 0)
+    return ordered[lo], ordered[n - 1 - lo]
 
 
 def calls_per_round(once: float, round_seconds: float) -> int:
@@ -131,7 +176,8 @@ def calls_per_round(once: float, round_seconds: float) -> int:
 
 
 def alternating_rounds(calls: Sequence[Callable[[], object]], reps: Sequence[int], rounds: int,
-                       wait_until_idle: Callable[[], object] = idle.wait_until_idle) -> list[list[float]]:
+                       wait_until_idle: Callable[[], object] = idle.wait_until_idle,
+                       clock: Callable[[], float] | None = None) -> list[list[float]]:
     """Seconds per call of each of `calls`, one sample per round, the calls taking turns.
 
     Taking turns matters: a slow phase of the machine then slows every contender alike, and
@@ -140,6 +186,7 @@ def alternating_rounds(calls: Sequence[Callable[[], object]], reps: Sequence[int
     the previous one's pool threads have stopped spinning (idle.wait_until_idle): TVM's pool
     spins after every call, and a spinning neighbour would take a core from the next round.
     """
+    clock = clock or time.perf_counter  # looked up per call: wall time unless round_clock says otherwise
     samples: list[list[float]] = [[] for _ in calls]
     for r in range(rounds):
         order = range(len(calls)) if r % 2 == 0 else reversed(range(len(calls)))
@@ -147,10 +194,10 @@ def alternating_rounds(calls: Sequence[Callable[[], object]], reps: Sequence[int
             call = calls[k]
             if len(calls) > 1:
                 wait_until_idle()
-            start = time.perf_counter()
+            start = clock()
             for _ in range(reps[k]):
                 call()
-            samples[k].append((time.perf_counter() - start) / reps[k])
+            samples[k].append((clock() - start) / reps[k])
     return samples
 
 

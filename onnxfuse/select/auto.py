@@ -15,9 +15,42 @@ out measured slower:
 - a reduction of a convolution's result (a global average pool written as ReduceMean), which
   counts as a convolution for the rule above: mobilenet_tiny_dynamo's SiLU + ReduceMean kernel
   took 0.18-0.33x of onnxruntime's time on its own, and the model ran at 0.66-0.82x with it.
+
+One more kind of node stays with onnxruntime for how our schedule handles it, not for its op:
+
+- a node whose output holds the batch in its *last* axis behind a static first one (batch-last
+  layout: Hummingbird's GEMM strategy for trees computes `W @ X^T`, [2550, 28] @ [28, N] ->
+  [2550, N], and keeps that layout through its Reshape/Less/Equal/Cast epilogue). The row
+  tiles then run over the batch, so every access strides by the batch: a GEMM gets no register
+  tile (it needs static columns) and ran 4-8x slower than onnxruntime's; the elementwise
+  epilogue alone 7-35x; and with a Reshape after the product every row tile recomputed the
+  product over the whole batch, quadratic in it (hb_xgb_gemm's groups 100-850x slower at batch
+  64-256; the model 0.01x of onnxruntime). A batch in a middle axis ([seq, N, H]) is fine.
+
+- a MatMul or Gemm whose output's last axis (its columns) is symbolic, e.g. attention scores
+  `Q @ K^T` = [N, heads, seq, seq], with the elementwise chain that only it reads (the scale,
+  the mask): the register-tiled GEMM needs static columns, so the product runs an untiled
+  loop. bert_tiny_2l_ts's score groups (MatMul, Mul) took 0.61x and 0.74x of onnxruntime's time
+  at batch 64 (1 thread), and the model ran at 0.91-0.96x at batch 1 and 64.
+
+- a matrix-vector product (a MatMul or Gemm with one static output row) over more than
+  GEMV_WEIGHT_LIMIT elements in an operand, with its elementwise chain: memory-bound, where onnxruntime's GEMV
+  streams the weights faster. The fully connected layers of light_bvlc_alexnet ([1, 9216] @
+  [9216, 4096], 151 MB) and light_zfnet512 left them at 0.91x and 0.92x of onnxruntime at batch 1.
+
+And one kind of group:
+
+- a group that only moves data (every op injective: Transpose, Reshape, Gather, Concat, ...):
+  it computes nothing, onnxruntime's Reshape and Unsqueeze cost nothing (they relabel a buffer)
+  and its Transpose is a tuned copy, so a kernel can save a copy at best and pays a custom op's
+  call. The Transpose + Reshape after a GRU (exporters' [seq, dirs, N, H] -> [seq, N, dirs*H])
+  left gru_1l_dynamo at 0.93x and gru_2l_bi_state_ts at 0.74x of onnxruntime at batch 1, and
+  gained at most 1.03x at batch 1000 (1 thread, CPU time, default_sweep).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from ..fusion.plan import FusedGroup
 from ..ir import Graph, Node
@@ -38,7 +71,18 @@ def _why(op_types) -> str:
 def auto_rejects(group: FusedGroup) -> str | None:
     """Why `auto` leaves this group to onnxruntime, or None to compile it."""
     slow = uncompetitive_ops(group.op_types)
-    return _why(slow) if slow else None
+    if slow:
+        return _why(slow)
+    if only_moves_data(group.op_types):
+        return ("auto: it only moves data (no op computes a value): onnxruntime's copies and reshapes are "
+                "as fast, and a kernel adds a custom op's call")
+    return None
+
+
+def only_moves_data(op_types) -> bool:
+    """Every op is injective: each output element is one input element (see the module doc)."""
+    infos = [op_info(op) for op in op_types]
+    return bool(infos) and all(info is not None and info.kind == OpKind.INJECTIVE for info in infos)
 
 
 def leave_to_onnxruntime(graph: Graph) -> dict[int, str]:
@@ -46,6 +90,18 @@ def leave_to_onnxruntime(graph: Graph) -> dict[int, str]:
     onnxruntime runs much faster, and the epilogue it fuses into a Conv of its own."""
     reasons: dict[int, str] = {}
     for node in graph.nodes:
+        if is_large_gemv(graph, node):
+            for index in [node.index, *(n.index for n in _elementwise_chain(graph, node))]:
+                reasons[index] = ("auto: a matrix-vector product over large weights, or its elementwise epilogue: "
+                                  "memory-bound, onnxruntime's GEMV is faster")
+        if has_symbolic_columns(graph, node):
+            for index in [node.index, *(n.index for n in _elementwise_chain(graph, node))]:
+                reasons[index] = ("auto: a matrix product with symbolic columns (e.g. attention scores), or its "
+                                  "elementwise epilogue: our GEMM schedule needs static columns, onnxruntime's is faster")
+        if has_batch_last_layout(graph, node):
+            reasons[node.index] = ("auto: its output holds the batch in the last axis (batch-last layout, e.g. W @ X^T): "
+                                   "our schedule strides every access by the batch there, onnxruntime is many times "
+                                   "faster")
         if not uncompetitive_ops([node.op_type]) or node.domain not in ("", "ai.onnx"):
             continue
         reasons[node.index] = _why([node.op_type])
@@ -62,9 +118,51 @@ def leave_to_onnxruntime(graph: Graph) -> dict[int, str]:
     after = _elementwise_reach(graph, convolutions, graph.successors)
     before = _elementwise_reach(graph, convolutions, graph.predecessors)
     for index in sorted(after & before):
-        reasons[index] = ("auto: elementwise between convolutions, which onnxruntime runs in its blocked "
-                          "layout; a kernel here would cost two layout conversions")
+        reasons[index] = ("auto: elementwise or data movement between convolutions, which onnxruntime runs in "
+                          "its blocked layout; a kernel here would cost two layout conversions")
     return reasons
+
+
+def has_batch_last_layout(graph: Graph, node: Node) -> bool:
+    """Whether the node's first output has a static first axis over 1 and a symbolic last one: the
+    batch runs along its contiguous axis (see the module doc)."""
+    if not node.outputs or not node.outputs[0]:
+        return False
+    shape = graph.value(node.outputs[0]).shape
+    return bool(shape) and len(shape) >= 2 and isinstance(shape[0], int) and shape[0] > 1 and not isinstance(shape[-1], int)
+
+
+MATRIX_PRODUCTS = frozenset({"MatMul", "Gemm"})
+GEMV_WEIGHT_LIMIT = 2**20  # elements (4 MB of floats): past the L2 cache a GEMV streams its weights
+
+
+def is_large_gemv(graph: Graph, node: Node) -> bool:
+    """A MatMul or Gemm with one static output row and an operand of more than GEMV_WEIGHT_LIMIT
+    elements (see the module doc; the light models take their weights as inputs)."""
+    if node.op_type not in MATRIX_PRODUCTS or node.domain not in ("", "ai.onnx") or not node.outputs:
+        return False
+    out = graph.value(node.outputs[0])
+    if not out.is_static or len(out.shape) < 2 or int(np.prod(out.shape[:-1])) != 1:
+        return False
+    return any(name and (graph.value(name).numel or 0) > GEMV_WEIGHT_LIMIT for name in node.inputs)
+
+
+def has_symbolic_columns(graph: Graph, node: Node) -> bool:
+    """A MatMul or Gemm whose output's last axis is symbolic (see the module doc)."""
+    if node.op_type not in MATRIX_PRODUCTS or node.domain not in ("", "ai.onnx") or not node.outputs:
+        return False
+    shape = graph.value(node.outputs[0]).shape
+    return bool(shape) and len(shape) >= 2 and not isinstance(shape[-1], int)
+
+
+def _elementwise_chain(graph: Graph, node: Node) -> list[Node]:
+    """The elementwise and broadcast nodes after `node`, each the only reader of the one before."""
+    chain: list[Node] = []
+    current = _only_reader(graph, node)
+    while current is not None and _is_elementwise(current):
+        chain.append(current)
+        current = _only_reader(graph, current)
+    return chain
 
 
 def _reductions_of(graph: Graph, producers: set[int]) -> list[int]:
@@ -74,13 +172,19 @@ def _reductions_of(graph: Graph, producers: set[int]) -> list[int]:
 
 
 def _elementwise_reach(graph: Graph, sources: set[int], step) -> set[int]:
-    """Elementwise and broadcast nodes reached from `sources` through such nodes only, following
-    `step` (successors: downstream; predecessors: upstream)."""
+    """Elementwise, broadcast and data-movement (injective) nodes reached from `sources` through
+    such nodes only, following `step` (successors: downstream; predecessors: upstream). Data
+    movement between convolutions counts too: as kernels, DenseNet's Concat -> BatchNormalization
+    -> Relu -> Conv left light_densenet121 at 0.85x of onnxruntime, and ShuffleNet's BatchNormalization
+    -> Relu -> Reshape -> Transpose -> Reshape (the channel shuffle) light_shufflenet at 0.71x
+    (batch 1, 1 thread; each repeat agreed)."""
     reached: set[int] = set()
     frontier = [n for s in sources for n in step(s)]
     while frontier:
         index = frontier.pop()
-        if index in reached or index in sources or not _is_elementwise(graph.nodes[index]):
+        node = graph.nodes[index]
+        info = op_info(node.op_type, node.domain)
+        if index in reached or index in sources or info is None or info.kind > OpKind.INJECTIVE:
             continue
         reached.add(index)
         frontier.extend(step(index))

@@ -8,10 +8,18 @@ the original; while it is slower by more than TOLERANCE, the kept groups with th
 gain are dropped, half of the kept set at a time: a model with many groups costs a handful of
 whole-model timings, not one per group. Then the dropped groups with the most gain are tried
 again one at a time (at most MAX_READDS), and kept where the model then beats the original.
+
+Each comparison is sure before it counts: the 95% band of the round-by-round ratio
+(measure/timing.median_interval) must lie on one side of 1 + TOLERANCE; while it straddles it,
+WIDEN_ROUNDS more rounds are timed, up to MAX_ROUNDS. A model still unsure then counts as
+slower: onnxruntime keeps what could not be shown not to lose.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,12 +29,24 @@ from ..fusion.plan import FusedGroup
 from ..ir import Graph
 from ..kernel_spec import GroupKernel
 from ..measure.inputs import random_feeds_for_session
-from ..measure.timing import alternating_rounds, best_of_three, bound_call, calls_per_round, has_symbolic_inputs, timing_session
+from ..measure.timing import (
+    alternating_rounds,
+    best_of_three,
+    bound_call,
+    calls_per_round,
+    has_symbolic_inputs,
+    median_interval,
+    round_clock,
+    timing_session,
+)
 from ..package import package_model
 from ..report import whole_model_step_line
+from .decisions import DecisionCache, decision_key
 
 TOLERANCE = 0.02  # slower by up to 2% counts as not slower: whole-model timings on a shared VM vary that much
 ROUNDS = 15
+WIDEN_ROUNDS = 15  # rounds added while a comparison is unsure
+MAX_ROUNDS = 45  # still unsure after this many: counted as slower
 MAX_READDS = 8  # dropped groups tried again one by one, most gain first: each try is one whole-model timing
 ROUND_SECONDS = 0.02  # whole models: longer rounds than per-group timing, to average over more calls
 TIMED_MODEL_LIMIT = 1_800_000_000  # bytes: a larger model cannot be serialized into one protobuf to time
@@ -47,14 +67,41 @@ class Comparison:
     fused_ms: float
     onnxruntime_ms: float
     ratio: float
+    band: tuple[float, float] | None = None  # 95% band of the ratio; None: the ratio alone (one value)
+    rounds: int = 0
 
     @property
     def slower(self) -> bool:
-        return self.ratio > 1 + TOLERANCE
+        """Not surely within TOLERANCE of the original: the band reaches above 1 + TOLERANCE."""
+        return ratio_verdict(self.band or (self.ratio, self.ratio)) != "not slower"
 
     def to_json(self) -> dict:
-        return {"batch": self.batch, "threads": self.threads, "fused_ms": round(self.fused_ms, 4),
-                "onnxruntime_ms": round(self.onnxruntime_ms, 4), "ratio": round(self.ratio, 3)}
+        out = {"batch": self.batch, "threads": self.threads, "fused_ms": round(self.fused_ms, 4),
+               "onnxruntime_ms": round(self.onnxruntime_ms, 4), "ratio": round(self.ratio, 3)}
+        if self.band is not None:
+            out.update(band=[round(x, 3) for x in self.band], rounds=self.rounds)
+        return out
+
+
+def ratio_verdict(band: tuple[float, float]) -> str:
+    """A fused/original time-ratio band against 1 + TOLERANCE: 'not slower' when all of it is at
+    or below, 'slower' when all of it is above, else 'unsure'."""
+    low, high = band
+    if high <= 1 + TOLERANCE:
+        return "not slower"
+    return "slower" if low > 1 + TOLERANCE else "unsure"
+
+
+def ratios_until_sure(sample, rounds: int = ROUNDS, widen: int = WIDEN_ROUNDS,
+                      max_rounds: int = MAX_ROUNDS) -> tuple[list[float], list[float]]:
+    """Fused and original seconds per round from `sample(n)` (n more alternating rounds), widened
+    while the verdict on their round-by-round ratio is unsure and under `max_rounds` were timed."""
+    fused_s, ort_s = (list(x) for x in sample(rounds))
+    while len(fused_s) < max_rounds and ratio_verdict(median_interval([f / o for f, o in zip(fused_s, ort_s)])) == "unsure":
+        more_fused, more_ort = sample(min(widen, max_rounds - len(fused_s)))
+        fused_s += more_fused
+        ort_s += more_ort
+    return fused_s, ort_s
 
 
 @dataclass(frozen=True)
@@ -75,7 +122,7 @@ class Step:
 
     @property
     def accepted(self) -> bool:
-        return all(c.ratio < 1 for c in self.comparisons) if self.readd else not self.slower
+        return all(c.ratio < 1 and not c.slower for c in self.comparisons) if self.readd else not self.slower
 
     @property
     def worst(self) -> Comparison:
@@ -155,10 +202,12 @@ def time_against_original(original: bytes, fused: bytes, library, batches: Seque
             fused_feeds = {i.name: feeds[i.name] for i in fused_session.get_inputs()}
             calls = [bound_call(fused_session, fused_feeds), bound_call(original_session, feeds)]
             reps = [calls_per_round(best_of_three(call), ROUND_SECONDS) for call in calls]
-            fused_s, ort_s = alternating_rounds(calls, reps, ROUNDS)
+            fused_s, ort_s = ratios_until_sure(
+                functools.partial(alternating_rounds, calls, reps, clock=round_clock(n_threads)))
+            ratios = [f / o for f, o in zip(fused_s, ort_s)]
             results.append(Comparison(batch, n_threads, statistics.median(fused_s) * 1e3,
-                                      statistics.median(ort_s) * 1e3,
-                                      statistics.median(f / o for f, o in zip(fused_s, ort_s))))
+                                      statistics.median(ort_s) * 1e3, statistics.median(ratios),
+                                      median_interval(ratios), len(ratios)))
     return results
 
 
@@ -170,10 +219,30 @@ class WholeModelVerdict:
     summary: dict
 
 
+def replayed(recorded: list | None, time_model: Callable[[Sequence[str]], Sequence[Comparison]]):
+    """A time_model that returns the `recorded` timings in order (then times for real), and the
+    list of every timing it returned, to store: choose_kept, given the same timings, takes the
+    same steps."""
+    pending = list(recorded or [])
+    returned: list[list[dict]] = []
+
+    def timed(names):
+        if pending:
+            comparisons = [Comparison(**{**c, "band": tuple(c["band"]) if c.get("band") else None})
+                           for c in pending.pop(0)]
+        else:
+            comparisons = list(time_model(names))
+        returned.append([dataclasses.asdict(c) for c in comparisons])
+        return comparisons
+    return timed, returned
+
+
 def check_whole_model(graph: Graph, kept: dict[str, tuple[FusedGroup, GroupKernel]], gains: dict[str, float],
                       library, target_name: str, batches: Sequence[int], threads: Sequence[int],
-                      note=lambda text: None) -> WholeModelVerdict:
-    """Drop kept groups, least gain first, while the whole fused model is slower than the original."""
+                      note=lambda text: None, decisions: DecisionCache | None = None) -> WholeModelVerdict:
+    """Drop kept groups, least gain first, while the whole fused model is slower than the original.
+    With `decisions`, the timings of an earlier run on this machine class with the same model,
+    kernels and gains are replayed instead of taken again (select/decisions.py)."""
     if graph.model.ByteSize() > TIMED_MODEL_LIMIT:
         return WholeModelVerdict({}, {"skipped": "the model is too large to time from memory"})
     original = graph.model.SerializeToString()
@@ -182,17 +251,24 @@ def check_whole_model(graph: Graph, kept: dict[str, tuple[FusedGroup, GroupKerne
         fused = package_model(graph, [kept[n] for n in names], library.name, target_name)
         return time_against_original(original, fused.SerializeToString(), library, batches, threads)
 
+    kernels = json.dumps(sorted((name, kept[name][1].spec.name, gains[name]) for name in gains)).encode()
+    key = decision_key("model", original + kernels, batches, threads)
+    recorded = decisions.load(key) if decisions is not None else None
+    timed, timings = replayed(recorded, time_model)
     try:
-        steps = choose_kept(gains, time_model)
+        steps = choose_kept(gains, timed)
     except Exception as exc:  # e.g. onnxruntime rejects random inputs for the whole model
         return WholeModelVerdict({}, {"skipped": f"the whole model could not be timed: {first_line(exc)}"})
+    if decisions is not None and timings != recorded:
+        decisions.store(key, timings)
     for step in steps:
         note(whole_model_step_line(step.to_json()))
     dropped = {}
     for name, step in dropped_at(steps).items():
         worst = step.worst
-        verdict = "tried again, not faster than onnxruntime" if step.readd else f"over the {TOLERANCE:.0%} tolerance"
+        verdict = "tried again, not faster than onnxruntime" if step.readd else f"not surely within the {TOLERANCE:.0%} tolerance"
         dropped[name] = (f"dropped by the whole-model check: the model with it ran {worst.fused_ms:.4g} ms vs "
                          f"onnxruntime {worst.onnxruntime_ms:.4g} ms (batch {worst.batch}, {worst.threads} threads; "
                          f"{worst.ratio:.3f}× in paired rounds, {verdict})")
-    return WholeModelVerdict(dropped, {"tolerance": TOLERANCE, "steps": [s.to_json() for s in steps]})
+    return WholeModelVerdict(dropped, {"tolerance": TOLERANCE, "steps": [s.to_json() for s in steps],
+                                       "timed_before": recorded is not None})

@@ -1,0 +1,124 @@
+"""`--select auto`'s rules calibrated by measurement (select/auto.py, docs/selection.md): nodes in
+batch-last layout (a static first axis, the batch in the last one, where our schedule strides
+every access by the batch) and groups that only move data stay with onnxruntime. Only plans and
+decisions are asserted here; the outputs still match onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from conftest import assert_outputs_match, run_both
+from onnx_builder import const_i64, model, node, weights
+
+import onnxfuse
+from onnxfuse.frontend.loader import load_model
+from onnxfuse.fusion.plan import plan_fusion
+from onnxfuse.select.auto import auto_rejects, leave_to_onnxruntime, only_moves_data
+
+
+def save(tmp_path, proto, name="m.onnx"):
+    path = tmp_path / name
+    onnx.save(proto, str(path))
+    return path
+
+
+def hummingbird_gemm():
+    """W @ X^T -> Less -> Reshape -> Cast: Hummingbird's GEMM strategy, batch in the last axis."""
+    return model([node("Gemm", ["W", "X"], "g", transB=1), node("Less", ["g", "T"], "lt"),
+                  node("Reshape", ["lt", "shape"], "r"), node("Cast", ["r"], "Y", to=1)],
+                 {"X": ["N", 28]}, {"Y": [4, 16, "N"]},
+                 {"W": weights(64, 28), "T": weights(64, 1, seed=1), "shape": const_i64(4, 16, -1)})
+
+
+def batch_first_gemm():
+    """X @ W^T -> Relu: the same product with the batch in the rows, as the GEMM kernel wants it."""
+    return model([node("Gemm", ["X", "W"], "g", transB=1), node("Relu", ["g"], "Y")],
+                 {"X": ["N", 28]}, {"Y": ["N", 64]}, {"W": weights(64, 28)})
+
+
+def plan_of(path):
+    plan = plan_fusion(load_model(path), leave_out=leave_to_onnxruntime)
+    return plan, {u.op_type: u.reason for u in plan.unfused}
+
+
+def test_a_product_and_epilogue_with_the_batch_last_stay_with_onnxruntime(tmp_path):
+    plan, reasons = plan_of(save(tmp_path, hummingbird_gemm()))
+    assert not plan.groups
+    assert set(reasons) == {"Gemm", "Less", "Reshape", "Cast"}
+    assert all("batch in the last axis" in why for why in reasons.values())
+
+
+def test_the_same_product_with_the_batch_first_still_fuses(tmp_path):
+    plan, reasons = plan_of(save(tmp_path, batch_first_gemm()))
+    assert [g.op_types for g in plan.groups] == [("Gemm", "Relu")] and not reasons
+
+
+def test_a_unit_first_axis_or_a_batch_in_the_middle_is_not_batch_last(tmp_path):
+    """[1, seq] position ids (BERT) and [seq, N, H] sequences keep fusing."""
+    positions = model([node("Add", ["P", "B"], "s"), node("Relu", ["s"], "Y")],
+                      {"P": [1, "seq"]}, {"Y": [1, "seq"]}, {"B": weights(1, 1)})
+    sequence = model([node("Mul", ["X", "S"], "m"), node("Tanh", ["m"], "Y")],
+                     {"X": [8, "N", 16]}, {"Y": [8, "N", 16]}, {"S": weights(16)})
+    for proto, name in ((positions, "p.onnx"), (sequence, "s.onnx")):
+        plan, reasons = plan_of(save(tmp_path, proto, name))
+        assert len(plan.groups) == 1 and not reasons
+
+
+def test_the_output_with_batch_last_nodes_left_out_matches_onnxruntime(tmp_path, cache):
+    source = save(tmp_path, hummingbird_gemm())
+    result = onnxfuse.optimize(source, tmp_path / "out" / "m.fused.onnx", cache_dir=cache, jobs=1)
+    assert result.report["groups_total"] == 0
+    feeds = {"X": np.random.default_rng(0).standard_normal((5, 28)).astype(np.float32)}
+    expected, actual = run_both(source, result.model_path, feeds)
+    assert_outputs_match(expected, actual)
+
+
+def test_a_group_that_only_moves_data_is_declined_and_one_that_computes_is_not(tmp_path, cache):
+    """The Transpose + Reshape exporters put after a GRU: onnxruntime keeps it."""
+    moves = model([node("Transpose", ["X"], "t", perm=[0, 2, 1, 3]), node("Reshape", ["t", "shape"], "Y")],
+                  {"X": [8, 2, "N", 16]}, {"Y": [8, "N", 32]}, {"shape": const_i64(8, -1, 32)})
+    computes = model([node("Transpose", ["X"], "t", perm=[0, 2, 1, 3]), node("Tanh", ["t"], "h"),
+                      node("Reshape", ["h", "shape"], "Y")],
+                     {"X": [8, 2, "N", 16]}, {"Y": [8, "N", 32]}, {"shape": const_i64(8, -1, 32)})
+    assert only_moves_data(("Transpose", "Reshape")) and only_moves_data(("Gather", "Unsqueeze", "Concat"))
+    assert not only_moves_data(("Transpose", "Tanh", "Reshape")) and not only_moves_data(())
+    for proto, name, declined in ((moves, "moves.onnx", True), (computes, "computes.onnx", False)):
+        source = save(tmp_path, proto, name)
+        plan, _ = plan_of(source)
+        assert len(plan.groups) == 1
+        assert (auto_rejects(plan.groups[0]) is not None) == declined
+        result = onnxfuse.optimize(source, tmp_path / "out" / f"{name}.fused.onnx", cache_dir=cache, jobs=1)
+        group = result.report["groups"][0]
+        assert (group["status"] == "fallback") == declined
+        if declined:
+            assert group["fallback_kind"] == "declined" and "only moves data" in group["reason"]
+        feeds = {"X": np.random.default_rng(1).standard_normal((8, 2, 3, 16)).astype(np.float32)}
+        expected, actual = run_both(source, result.model_path, feeds)
+        assert_outputs_match(expected, actual)
+
+
+def test_a_product_with_symbolic_columns_and_its_elementwise_chain_stay_with_onnxruntime(tmp_path):
+    """Attention scores Q @ K^T * scale: the columns are the symbolic sequence."""
+    scores = model([node("MatMul", ["Q", "K"], "qk"), node("Mul", ["qk", "scale"], "s"),
+                    node("Softmax", ["s"], "Y", axis=-1)],
+                   {"Q": ["N", 4, "seq", 8], "K": ["N", 4, 8, "seq"]}, {"Y": ["N", 4, "seq", "seq"]},
+                   {"scale": np.array(0.35, dtype=np.float32)})
+    plan, reasons = plan_of(save(tmp_path, scores))
+    assert all("symbolic columns" in reasons[op] for op in ("MatMul", "Mul"))
+    assert not any("MatMul" in g.op_types for g in plan.groups)
+    static = model([node("MatMul", ["X", "W"], "m"), node("Relu", ["m"], "Y")],
+                   {"X": ["N", "seq", 64]}, {"Y": ["N", "seq", 32]}, {"W": weights(64, 32)})
+    plan, reasons = plan_of(save(tmp_path, static, "static.onnx"))
+    assert [g.op_types for g in plan.groups] == [("MatMul", "Relu")] and not reasons
+
+
+def test_a_large_matrix_vector_product_and_its_activation_stay_with_onnxruntime(tmp_path):
+    """One static row over 4M weights (alexnet's fully connected layers), with the Relu after it."""
+    fc = model([node("Gemm", ["X", "W"], "g", transB=1), node("Relu", ["g"], "Y")],
+               {"X": [1, 2048], "W": [2048, 2048]}, {"Y": [1, 2048]})
+    plan, reasons = plan_of(save(tmp_path, fc))
+    assert not plan.groups and all("matrix-vector" in reasons[op] for op in ("Gemm", "Relu"))
+    small = model([node("Gemm", ["X", "W"], "g", transB=1), node("Relu", ["g"], "Y")],
+                  {"X": [1, 64]}, {"Y": [1, 32]}, {"W": weights(32, 64)})
+    plan, reasons = plan_of(save(tmp_path, small, "small.onnx"))
+    assert [g.op_types for g in plan.groups] == [("Gemm", "Relu")] and not reasons
