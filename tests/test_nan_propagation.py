@@ -1,6 +1,6 @@
 """nan_propagation and UnfoldStackReductions: Clip, Max and Min keep NaN as onnxruntime does,
 at the cost of the plain max, and variadic Max/Min import as elementwise ops. Negated float
-comparisons are true on NaN (legalize.NanSafeNegatedComparisons)."""
+comparisons are true on NaN (nan_safe_comparisons.py)."""
 
 from __future__ import annotations
 

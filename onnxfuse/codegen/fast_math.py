@@ -16,7 +16,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax, te, topi
 
-from .relax_rewrite import rewrite_functions
+from .relax_rewrite import function_pass
 
 # exp(r) for |r| <= ln(2)/2 as a degree-6 polynomial, highest power first, with p(0) = 1 and
 # p'(0) = 1 exact and the rest a least-squares fit of relative error: at most 8e-8 evaluated in
@@ -107,10 +107,6 @@ class _FastMathRewriter(relax.PyExprMutator):
         return self.builder_.call_te(rewrite, call.args[0], call.attrs)
 
 
-@tvm.transform.module_pass(opt_level=0, name="OnnxfuseFastMath")
-class FastMath:
-    """Rewrites float32 exp/tanh/erf/sigmoid/softmax/log_softmax in every Relax function to fast
-    approximations."""
-
-    def transform_module(self, mod, ctx):
-        return rewrite_functions(mod, _FastMathRewriter)
+FastMath = function_pass(
+    "OnnxfuseFastMath", _FastMathRewriter,
+    "Rewrites float32 exp/tanh/erf/sigmoid/softmax/log_softmax in every Relax function to fast approximations.")

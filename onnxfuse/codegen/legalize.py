@@ -10,25 +10,15 @@
   the NaNs a model with degenerate weights produces. `clip` (HardSigmoid's) and `sign` likewise.
 - `cosh`, `sinh`: TVM 0.27 has no LLVM lowering for them ("unknown intrinsic tirx.cosh"), so
   every group with one fell back. We write them with exp, accurate near 0 and up to overflow.
-- `max(stack([a, b, ...]), axis=0)`: the ONNX frontend imports the variadic Max and Min ops
-  (whenever shapes are static) as a reduction over their stacked inputs. We import them as
-  `maximum(maximum(a, b), ...)`: elementwise ops, so their max can propagate NaN
-  (nan_propagation keeps a reduction's own max plain) and the schedule sees no stack.
-- `logical_not(less(a, b))` and the other float comparisons: TVM's simplifier turns `!(a < b)`
-  into `a >= b` and its LLVM backend emits `a != b` as an ordered compare; both are false where
-  a or b is NaN, and the negation is true there (onnxruntime, IEEE). We write the negation as
-  the opposite comparison or'ed with `isnan(a) || isnan(b)`, which no rewrite breaks.
-- `take(shape_to_tensor(shape), k)`: the ONNX frontend reads a dimension this way for the
-  negative-index fix-up of GatherElements; when that dimension is static we fold it to a scalar
-  (otherwise it becomes a tiny run-time computation on a lifted constant).
+
+The Relax rewrites that run before lowering are passes of their own: unfold_stack_reductions,
+nan_safe_comparisons, fold_shape_take.
 """
 
 from __future__ import annotations
 
 import tvm
 from tvm import relax, te
-
-from .relax_rewrite import rewrite_functions
 
 
 def _flat_index(shape, coords):
@@ -160,98 +150,3 @@ CUSTOM_LEGALIZE = {
     "relax.cosh": _legalize_cosh,
     "relax.sinh": _legalize_sinh,
 }
-
-
-@relax.expr_functor.mutator
-class _ShapeTakeFolder(relax.PyExprMutator):
-    def visit_call_(self, call):
-        call = super().visit_call_(call)
-        if getattr(call.op, "name", None) != "relax.take":
-            return call
-        source, index = call.args[0], call.args[1]
-        if not isinstance(source, relax.Var) or not isinstance(index, tvm.ir.GenericConst):
-            return call
-        binding = self.lookup_binding(source)
-        if getattr(getattr(binding, "op", None), "name", None) != "relax.shape_to_tensor":
-            return call
-        values = getattr(binding.args[0].ty, "values", None)
-        k = index.value.numpy() if hasattr(index.value, "numpy") else None
-        if values is None or k is None or k.ndim != 0 or not -len(values) <= int(k) < len(values):
-            return call
-        dim = values[int(k)]
-        if not isinstance(getattr(dim, "value", None), int):
-            return call
-        return relax.const(int(dim.value), str(call.ty.dtype))
-
-
-_PAIRWISE = {"relax.max": relax.op.maximum, "relax.min": relax.op.minimum}
-
-
-@relax.expr_functor.mutator
-class _StackReductionUnfolder(relax.PyExprMutator):
-    def visit_call_(self, call):
-        call = super().visit_call_(call)
-        pairwise = _PAIRWISE.get(getattr(call.op, "name", None))
-        stacked = call.args[0] if pairwise is not None else None
-        if not isinstance(stacked, relax.Var) or call.attrs.keepdims or [int(a) for a in (call.attrs.axis or [])] != [0]:
-            return call
-        binding = self.lookup_binding(stacked)
-        if getattr(getattr(binding, "op", None), "name", None) != "relax.stack" or int(binding.attrs.axis) != 0:
-            return call
-        parts = binding.args[0]
-        if isinstance(parts, relax.Var):
-            parts = self.lookup_binding(parts)
-        if not isinstance(parts, relax.Tuple) or len(parts.fields) < 2:
-            return call
-        result = parts.fields[0]
-        for part in parts.fields[1:]:
-            result = self.builder_.normalize(pairwise(result, part))
-        return result
-
-
-@tvm.transform.module_pass(opt_level=0, name="OnnxfuseUnfoldStackReductions")
-class UnfoldStackReductions:
-    """Rewrites `max(stack(xs), axis=0)` (and min) as a chain of elementwise maximum (minimum)."""
-
-    def transform_module(self, mod, ctx):
-        return rewrite_functions(mod, _StackReductionUnfolder)
-
-
-_OPPOSITE = {
-    "relax.less": relax.op.greater_equal, "relax.less_equal": relax.op.greater,
-    "relax.greater": relax.op.less_equal, "relax.greater_equal": relax.op.less,
-    "relax.equal": relax.op.not_equal, "relax.not_equal": relax.op.equal,
-}
-
-
-@relax.expr_functor.mutator
-class _NegatedComparisonRewriter(relax.PyExprMutator):
-    def visit_call_(self, call):
-        call = super().visit_call_(call)
-        if getattr(call.op, "name", None) != "relax.logical_not" or not isinstance(call.args[0], relax.Var):
-            return call
-        comparison = self.lookup_binding(call.args[0])
-        opposite = _OPPOSITE.get(getattr(getattr(comparison, "op", None), "name", None))
-        if opposite is None or "float" not in str(comparison.args[0].ty.dtype):
-            return call
-        a, b = comparison.args
-        if comparison.op.name == "relax.not_equal":  # not(a != b) is a == b, false on NaN either way
-            return self.builder_.normalize(opposite(a, b))
-        either_nan = relax.op.logical_or(relax.op.isnan(a), relax.op.isnan(b))
-        return self.builder_.normalize(relax.op.logical_or(opposite(a, b), either_nan))
-
-
-@tvm.transform.module_pass(opt_level=0, name="OnnxfuseNanSafeNegatedComparisons")
-class NanSafeNegatedComparisons:
-    """Rewrites `not(cmp(a, b))` on floats as `opposite(a, b) or isnan(a) or isnan(b)`."""
-
-    def transform_module(self, mod, ctx):
-        return rewrite_functions(mod, _NegatedComparisonRewriter)
-
-
-@tvm.transform.module_pass(opt_level=0, name="OnnxfuseFoldShapeTake")
-class FoldShapeTake:
-    """Folds `take(shape_to_tensor(shape), k)` to the static dimension k."""
-
-    def transform_module(self, mod, ctx):
-        return rewrite_functions(mod, _ShapeTakeFolder)

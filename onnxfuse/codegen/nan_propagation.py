@@ -16,7 +16,7 @@ A reduction's own update (`acc = max(acc, x)`) stays plain. The check would sit 
 accumulator's dependency chain and made a row max 2x slower (measured), and onnxruntime's
 ReduceMax has no order-free NaN rule to match: it returns NaN only when the NaN comes first in
 the row (measured). What a reduction reads (`ReduceMax(Clip(x))`) is rewritten. The variadic
-Max and Min ops are elementwise by the time they get here (legalize.UnfoldStackReductions).
+Max and Min ops are elementwise by the time they get here (unfold_stack_reductions.py).
 
 The ops reach TIR as max/min from several places (topi's maximum, Clip's own TE, reduction
 updates), so the rewrite runs on the finished PrimFunc, after scheduling, store by store.

@@ -31,8 +31,11 @@ from ..errors import CompileError, short_reason
 from ..kernel_spec import DerivedDim, Dim
 from . import onnx_semantics, operand_layout
 from .fast_math import FastMath
-from .legalize import CUSTOM_LEGALIZE, FoldShapeTake, NanSafeNegatedComparisons, UnfoldStackReductions
+from .fold_shape_take import FoldShapeTake
+from .legalize import CUSTOM_LEGALIZE
+from .nan_safe_comparisons import NanSafeNegatedComparisons
 from .scalar_operands import ScalarOperands
+from .unfold_stack_reductions import UnfoldStackReductions
 
 FUSED_NAME = "fused_group"
 

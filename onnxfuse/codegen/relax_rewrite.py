@@ -1,4 +1,5 @@
-"""What every one of our Relax module passes does with its expression mutator."""
+"""Relax passes of ours are expression mutators run over every Relax function of a module;
+`function_pass` makes each one a TVM module pass, so the wrapper is written once."""
 
 from __future__ import annotations
 
@@ -13,3 +14,14 @@ def rewrite_functions(mod: tvm.IRModule, mutator_class) -> tvm.IRModule:
         if isinstance(func, relax.Function):
             rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
     return rewriter.builder_.get()
+
+
+def function_pass(name: str, mutator_class, doc: str):
+    """A module pass class named `name` (as TVM's pass instrumentation shows it) that runs
+    `mutator_class` over every Relax function; `doc` says what it guarantees."""
+
+    def transform_module(self, mod, ctx):
+        return rewrite_functions(mod, mutator_class)
+
+    cls = type(name, (), {"__doc__": doc, "transform_module": transform_module})
+    return tvm.transform.module_pass(opt_level=0, name=name)(cls)

@@ -22,7 +22,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .relax_rewrite import rewrite_functions
+from .relax_rewrite import function_pass
 
 BROADCAST_BINARY_OPS = frozenset(
     f"relax.{name}"
@@ -102,10 +102,7 @@ class _ScalarOperandRewriter(relax.PyExprMutator):
         return product
 
 
-@tvm.transform.module_pass(opt_level=0, name="OnnxfuseScalarOperands")
-class ScalarOperands:
-    """Rewrites one-element constant operands of broadcasting binary ops to scalars, and float
-    powers by 1, 2 and 3 to multiplies, in every Relax function."""
-
-    def transform_module(self, mod, ctx):
-        return rewrite_functions(mod, _ScalarOperandRewriter)
+ScalarOperands = function_pass(
+    "OnnxfuseScalarOperands", _ScalarOperandRewriter,
+    "Rewrites one-element constant operands of broadcasting binary ops to scalars, and float powers by 1, 2 "
+    "and 3 to multiplies, in every Relax function.")
