@@ -144,3 +144,18 @@ def test_bisection_finds_the_groups_responsible(culprits, together):
     assert culprits <= found
     assert found == culprits or together
     assert len(calls) < 2 * len(fused)
+
+
+def test_an_original_that_fails_on_random_inputs_is_shipped_unchecked_with_the_reason(tmp_path):
+    """Indices pushed out of range make the original itself fail (onnxruntime raises) on any
+    input: the check has nothing to compare, so optimize says so instead of failing."""
+    m = model([node("Neg", ["x"], "n"), node("Add", ["i", "far"], "j"), node("GatherElements", ["n", "j"], "y", axis=1)],
+              {"x": ("N", 3)}, {"y": ("N", 2)}, {"far": np.array(100, np.int64)})
+    m.graph.input.append(onnx.helper.make_tensor_value_info("i", TensorProto.INT64, ("N", 2)))
+    original = tmp_path / "gather.onnx"
+    onnx.save(m, str(original))
+    run = CliRunner().invoke(main, ["optimize", str(original), "-o", str(tmp_path / "g.fused.onnx"), "--select", "all",
+                                    "--no-cache"])
+    assert run.exit_code == 0, run.output
+    assert "shipped check skipped: the original model fails on random inputs" in run.output
+    assert "running GatherElements node" in run.output

@@ -87,9 +87,17 @@ def _check(original: Path, fused: Fused, package: Package, model: onnx.ModelProt
     unrunnable = _why_not_runnable(model, load(library) if library else None)
     if unrunnable:
         return ShippedCheck(model, library, summary={"checked": False, "why": unrunnable})
-    reference = ort.InferenceSession(str(original), quiet_session_options(), providers=["CPUExecutionProvider"])
-    feed_sets = _feed_sets(reference, inputs)
-    expected = [reference.run(None, feeds) for feeds in feed_sets]
+    try:
+        reference = ort.InferenceSession(str(original), quiet_session_options(), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # optimize takes models onnxruntime cannot load (an old opset): nothing to check against
+        why = f"onnxruntime cannot load the original model ({first_line(exc, 160)})"
+        note(f"shipped check skipped: {why}")
+        return ShippedCheck(model, library, summary={"checked": False, "why": why})
+    feed_sets, expected, refused = _runnable_sets(reference, _feed_sets(reference, inputs))
+    if not feed_sets:  # e.g. random indices out of range, an integer division by zero
+        why = f"the original model fails on {'the given' if inputs else 'random'} inputs ({refused})"
+        note(f"shipped check skipped: {why}")
+        return ShippedCheck(model, library, summary={"checked": False, "why": why})
     names = [o.name for o in reference.get_outputs()]
 
     def deviation(candidate_model: onnx.ModelProto, candidate_library: Path | None) -> str | None:
@@ -152,6 +160,19 @@ def _deviation(model: onnx.ModelProto, library: Path | None, feed_sets, expected
     except Exception as exc:  # a model that does not even run differs too
         return f"onnxruntime fails: {first_line(exc, 160)}"
     return None
+
+
+def _runnable_sets(reference: ort.InferenceSession, feed_sets: Sequence[dict]) -> tuple[list, list, str | None]:
+    """The input sets the original model runs on, its outputs on them, and why it refused the
+    first one it refused (a set the original itself fails on can check nothing)."""
+    kept, outputs, refused = [], [], None
+    for feeds in feed_sets:
+        try:
+            outputs.append(reference.run(None, feeds))
+            kept.append(feeds)
+        except Exception as exc:
+            refused = refused or first_line(exc, 160)
+    return kept, outputs, refused
 
 
 def _feed_sets(reference: ort.InferenceSession, inputs: str | Path | None) -> Sequence[dict]:
