@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import assert_outputs_match, run_both
+from conftest import MODELS, assert_outputs_match, run_both
 from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -121,3 +121,15 @@ def test_seed_gate_matches_onnxruntime(tmp_path, cache):
         feeds = {"x": np.random.default_rng(batch).standard_normal((batch, 10)).astype(np.float32)}
         expected, actual = run_both(source, result.model_path, feeds)
         assert_outputs_match(expected, actual)
+
+
+def test_a_keepdims_row_reduction_is_no_gemm_to_pad_on_a_four_lane_target(tmp_path):
+    """ReduceMean with keepdims looks like a GEMM (spatial N, 1 and a reduction) but multiplies
+    nothing: padded to whole 4-lane vectors, the transformer MLP's LayerNorm computed garbage on
+    the x86-64 baseline level (and on aarch64), which the portable target ships."""
+    original = MODELS / "transformer_mlp.onnx"
+    result = optimize(original, tmp_path / "t.fused.onnx", target="native", mcpu="x86-64", cache_dir=False)
+    assert [o.status for o in result.outcomes] == ["compiled"] * len(result.outcomes)
+    for batch in (1, 8):
+        feeds = {"X": np.random.default_rng(batch).standard_normal((batch, 8, 64)).astype(np.float32)}
+        assert_outputs_match(*run_both(original, result.model_path, feeds))

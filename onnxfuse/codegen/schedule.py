@@ -414,6 +414,15 @@ def _is_gemm(block) -> bool:
     return _is_matmul_like(block) and kinds[-1] == COMM_REDUCE and kinds.count(COMM_REDUCE) == 1
 
 
+def _is_matrix_product(block) -> bool:
+    """A GEMM whose reduction multiplies two operands (A[.., k] * B[k, ..]), not a row reduction
+    shaped like one (ReduceMean with keepdims: spatial axes N, 1 and a reduction)."""
+    if not _is_gemm(block):
+        return False
+    k = block.iter_vars[-1].var
+    return sum(any(tir_walk.uses_var(r.min, k) for r in read.region) for read in block.reads) >= 2
+
+
 def _split(sch, stats, loop, factors, what):
     holder = {}
     if _try(stats, what, lambda: holder.update(parts=sch.split(loop, factors))):
@@ -439,7 +448,7 @@ def pad_gemm_columns(sch, stats: ScheduleStats, registers: RegisterFile) -> None
     needs them)."""
     for block_rv in _blocks(sch):
         block = sch.get(block_rv)
-        if not _is_gemm(block):
+        if not _is_matrix_product(block):  # a padded row reduction computed wrong on 4-lane targets
             continue
         extents = [_static(iv.dom.extent) for iv in block.iter_vars]
         cols, k = extents[-2], extents[-1]
@@ -685,7 +694,8 @@ def nest_partial_sums(sch, stats: ScheduleStats, factored: list[tuple[str, str]]
 
 def schedule_loop_nests(sch, stats: ScheduleStats, registers: RegisterFile, done: frozenset[str] = frozenset()) -> None:
     """Schedules each leaf block's own loops, except the blocks named in `done`."""
-    gemm_results = [sch.get(b).writes[0].source for b in tir_walk.leaf_blocks(sch) if _is_gemm(sch.get(b))]
+    gemm_results = [sch.get(b).writes[0].source for b in tir_walk.leaf_blocks(sch)
+                    if _is_matrix_product(sch.get(b))]
     for block_rv in tir_walk.leaf_blocks(sch):
         block = sch.get(block_rv)
         if block.name_hint in done or _kept_at_root(block):
