@@ -46,7 +46,7 @@ from .select import SELECTIONS
 from .select.auto import auto_rejects, leave_to_onnxruntime
 from .select.decisions import DecisionCache
 from .select.measured import judge_groups
-from .select.shipped import ShippedCheck, check_shipped
+from .select.shipped import ShippedCheck, check_shipped, too_large_to_check
 from .select.whole_model import check_whole_model
 from .target import Target, resolve_target
 from .workers import run_with_deadline
@@ -307,11 +307,12 @@ def _write_outputs(model_path: Path, graph: Graph, fused: list, out: OutputPaths
 
     try:
         out.model.parent.mkdir(parents=True, exist_ok=True)
-        if options.verify and fused:  # packaged from a copy: the check may package again from the graph
+        unchecked = ("--no-verify" if not options.verify else "no kernels" if not fused
+                     else "the model is too large to check in one protobuf" if too_large_to_check(graph.model) else None)
+        if unchecked is None:  # packaged from a copy: the check may package again from the graph
             shipped = check_shipped(model_path, fused, package, *package(fused), options.inputs, progress.note)
-        else:
-            shipped = ShippedCheck(*package(fused, consume=True),
-                                   summary={"checked": False, "why": "--no-verify" if fused else "no kernels"})
+        else:  # packaged in place: a 2 GB model is held once
+            shipped = ShippedCheck(*package(fused, consume=True), summary={"checked": False, "why": unchecked})
         if shipped.library is not None:
             staged.append((shipped.library, out.library))
         packaged, shipped.model = shipped.model, None

@@ -31,6 +31,7 @@ from ..errors import OnnxfuseError, first_line
 from ..fusion.plan import FusedGroup
 from ..kernel_spec import GroupKernel
 from ..measure.inputs import random_feeds_for_session
+from ..model_file import weight_bytes
 from ..session import quiet_session_options, session_options
 from ..verify import NORM_RTOL, compare_arrays
 
@@ -182,9 +183,14 @@ def _feed_sets(reference: ort.InferenceSession, inputs: str | Path | None) -> Se
     return [random_feeds_for_session(reference, None, default_dim=dim, seed=k) for k, dim in enumerate(RANDOM_DIMS)]
 
 
+def too_large_to_check(model: onnx.ModelProto) -> bool:
+    """Counted from the weights' shapes: serializing a model over 2 GB to measure it fails."""
+    return weight_bytes(model) > CHECKED_MODEL_LIMIT
+
+
 def _why_not_runnable(model: onnx.ModelProto, library: Path | None) -> str | None:
     """Why this machine cannot run the packaged model, if it cannot (then it is not checked)."""
-    if model.ByteSize() > CHECKED_MODEL_LIMIT:
+    if too_large_to_check(model):
         return "the model is too large to check in one protobuf"
     if library is None:
         return None
