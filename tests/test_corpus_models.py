@@ -30,11 +30,8 @@ from onnxfuse.ir import Graph
 from onnxfuse.verify import verify_models
 
 CORPUS = Path(__file__).resolve().parent.parent / "models" / "exported"
-SKL2ONNX_SHAPES = ("extract: shape of input 'mul_result' is unknown: onnx's shape inference gives no shape for the "
-                   "output of ai.onnx.ml Scaler, so every group after it fails to extract (frontend shape inference)")
 SUBSET = ["lstm_cell_stacked_ts", "gru_cell_dynamo", "hb_rf_tree_trav", "hb_lgbm_perf_tree_trav",
-          "bert_tiny_2l_dynamo", "mobilenet_tiny_ts",
-          pytest.param("skl2onnx_mlp", marks=pytest.mark.xfail(strict=True, reason=SKL2ONNX_SHAPES))]
+          "bert_tiny_2l_dynamo", "mobilenet_tiny_ts", "skl2onnx_mlp"]
 RUN_TIME_INPUT = re.compile(r"input (\d+) of \w+ is computed at run time")
 UNKNOWN = re.compile(r"\b(dtype|shape) of .* is unknown")
 
