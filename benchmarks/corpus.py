@@ -12,7 +12,8 @@ and fallen back (with the reasons), the verify verdict on `<name>.inputs.npz`, a
 the speedup over onnxruntime (the median of round-by-round ratios, onnxfuse.bench's machinery,
 1 thread) at the recorded inputs' own sizes and at batch 64 where the batch is symbolic (the
 recorded rows repeated to 64; other symbolic dims such as BERT's `seq` keep the recorded size),
-and for the Hummingbird models also at batch 1,000 (the size issue #20's ≥5× criterion names).
+and for Hummingbird's tree_trav / perf_tree_trav models also at batch 1,000 (the size issue
+#20's ≥5× criterion names).
 Kernels are cached in .cache/corpus-kernels, fused models go to .cache/corpus-work; results to
 benchmarks/results/corpus.{md,json}. Exits 1 if a model fails to optimize or verify.
 """
@@ -43,7 +44,7 @@ KERNELS = ROOT / ".cache" / "corpus-kernels"
 WORK = ROOT / ".cache" / "corpus-work"
 BATCH = 64
 TREE_BATCH = 1000
-TREE_PREFIX = "hb_"  # Hummingbird's exports
+TREE_MODELS = ("hb_", "tree_trav")  # Hummingbird's exports with a traversal strategy
 TIMING = dict(threads=(1,), rounds=11, budget_seconds=6.0, tvm=False, cache_dir=str(KERNELS))
 
 
@@ -87,7 +88,8 @@ def time_model(name: str, entry: dict, path: Path, fused: Path, inputs: Path) ->
     """Speedups at the recorded inputs' sizes and, where the batch is symbolic, at batch 64."""
     runs = [("inputs", BenchOptions(batches=(None,), inputs=str(inputs), **TIMING))]
     batch_dim = batch_dimension(entry)
-    sizes = [BATCH] + ([TREE_BATCH] if name.startswith(TREE_PREFIX) else [])
+    is_tree_program = name.startswith(TREE_MODELS[0]) and TREE_MODELS[1] in name
+    sizes = [BATCH] + ([TREE_BATCH] if is_tree_program else [])
     for size in sizes:
         if batch_dim is not None and recorded_batch(entry, batch_dim) != size:
             dims, batches = ({batch_dim: size}, (None,)) if batch_dim else ({}, (size,))
