@@ -11,7 +11,9 @@ Per model it prints compute nodes, how many of them run inside compiled kernels,
 and fallen back (with the reasons), the verify verdict on `<name>.inputs.npz`, and with --time
 the speedup over onnxruntime (the median of round-by-round ratios, onnxfuse.bench's machinery,
 1 thread) at the recorded inputs' own sizes and at batch 64 where the batch is symbolic (the
-recorded rows repeated to 64; other symbolic dims such as BERT's `seq` keep the recorded size).
+recorded rows repeated to 64; other symbolic dims such as BERT's `seq` keep the recorded size),
+and for Hummingbird's tree_trav / perf_tree_trav models also at batch 1,000 (the size issue
+#20's ≥5× criterion names).
 Kernels are cached in .cache/corpus-kernels, fused models go to .cache/corpus-work; results to
 benchmarks/results/corpus.{md,json}. Exits 1 if a model fails to optimize or verify.
 """
@@ -41,6 +43,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 KERNELS = ROOT / ".cache" / "corpus-kernels"
 WORK = ROOT / ".cache" / "corpus-work"
 BATCH = 64
+TREE_BATCH = 1000
+TREE_MODELS = ("hb_", "tree_trav")  # Hummingbird's exports with a traversal strategy
 TIMING = dict(threads=(1,), rounds=11, budget_seconds=6.0, tvm=False, cache_dir=str(KERNELS))
 
 
@@ -84,9 +88,12 @@ def time_model(name: str, entry: dict, path: Path, fused: Path, inputs: Path) ->
     """Speedups at the recorded inputs' sizes and, where the batch is symbolic, at batch 64."""
     runs = [("inputs", BenchOptions(batches=(None,), inputs=str(inputs), **TIMING))]
     batch_dim = batch_dimension(entry)
-    if batch_dim is not None and recorded_batch(entry, batch_dim) != BATCH:
-        dims, batches = ({batch_dim: BATCH}, (None,)) if batch_dim else ({}, (BATCH,))
-        runs.append((f"batch {BATCH}", BenchOptions(batches=batches, dims=dims, inputs=str(inputs), **TIMING)))
+    is_tree_program = name.startswith(TREE_MODELS[0]) and TREE_MODELS[1] in name
+    sizes = [BATCH] + ([TREE_BATCH] if is_tree_program else [])
+    for size in sizes:
+        if batch_dim is not None and recorded_batch(entry, batch_dim) != size:
+            dims, batches = ({batch_dim: size}, (None,)) if batch_dim else ({}, (size,))
+            runs.append((f"batch {size}", BenchOptions(batches=batches, dims=dims, inputs=str(inputs), **TIMING)))
     out = []
     for what, options in runs:
         log(f"{name}: timing at {what}")
@@ -147,17 +154,18 @@ def verdict_text(row: dict) -> str:
 def table(rows: list[dict], timed: bool, markdown: bool = False) -> str:
     header = ["model", "compute nodes", "in kernels", "groups compiled / fell back", "verify"]
     if timed:
-        header += ["speedup at inputs", f"speedup at batch {BATCH}"]
+        header += ["speedup at inputs", f"speedup at batch {BATCH}", f"speedup at batch {TREE_BATCH}"]
     out = []
     for r in rows:
         if "error" in r:
-            out.append([r["model"], "—", "—", "—", r["error"][:80]] + (["—", "—"] if timed else []))
+            out.append([r["model"], "—", "—", "—", r["error"][:80]] + (["—"] * 3 if timed else []))
             continue
         line = [r["model"], str(r["compute_nodes"]), f"{r['fused_compute_nodes']} ({r['fused_fraction']:.0%})",
                 f"{r['groups_compiled']} / {r['groups_fallback']}", verdict_text(r)]
         if timed:
             timing = r.get("timing", [])
-            line += [speedup_text(timing, "inputs"), speedup_text(timing, f"batch {BATCH}")] if timing else ["—", "—"]
+            at = ["inputs", f"batch {BATCH}", f"batch {TREE_BATCH}"]
+            line += [speedup_text(timing, a) for a in at] if timing else ["—"] * 3
         out.append(line)
     return render_table(header, out, markdown)
 
@@ -172,6 +180,25 @@ def reasons_text(rows: list[dict]) -> str:
 
 def failed(rows: list[dict]) -> list[str]:
     return [r["model"] for r in rows if "error" in r or not r.get("verify", {}).get("ok")]
+
+
+def write_results(rows: list[dict], timed: set[str], command: str, seconds: float, done: bool) -> str:
+    """benchmarks/results/corpus.{json,md} for the rows so far; returns the markdown's header."""
+    report = {"machine": machine_info(), "command": command, "date": time.strftime("%Y-%m-%d"),
+              "seconds": round(seconds, 1), "complete": done, "timed": sorted(timed),
+              "timing_options": {**TIMING, "batch": BATCH, "tree_batch": TREE_BATCH},
+              "models": rows, "failed": failed(rows)}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(RESULTS / "corpus.json", json.dumps(report, indent=1, default=str))
+    machine = report["machine"]
+    head = (f"{report['date']}, `{command}`, {seconds / 60:.1f} min{'' if done else f' (stopped after {len(rows)} models)'}. "
+            f"{machine['cpu']}, {machine['cores']} cores; onnxruntime {machine['onnxruntime']}, TVM "
+            f"{machine.get('tvm', '?')}. Compute nodes: all but shape plumbing (docs/report.md); in kernels: those "
+            f"inside compiled kernels. Verify: onnxfuse verify on the model's recorded inputs. Speedup: onnxruntime's "
+            f"time / onnxfuse's, median over alternating rounds, 1 thread, IOBinding.")
+    write_text_atomic(RESULTS / "corpus.md", "\n\n".join([head, table(rows, bool(timed), markdown=True),
+                                                          reasons_text(rows)]) + "\n")
+    return head
 
 
 def main(argv=None) -> int:
@@ -190,31 +217,19 @@ def main(argv=None) -> int:
     timed = set(models) if args.time else set((args.time_only or "").split(",")) & set(models)
     WORK.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    command = "python benchmarks/corpus.py " + " ".join(argv if argv is not None else sys.argv[1:])
     rows = []
     for name, entry in models.items():
         log(f"{name}: optimizing and verifying")
         rows.append(check_model(name, entry, name in timed))
-    seconds = time.perf_counter() - started
-    command = "python benchmarks/corpus.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    report = {"machine": machine_info(), "command": command.strip(), "date": time.strftime("%Y-%m-%d"),
-              "seconds": round(seconds, 1), "timed": sorted(timed), "timing_options": {**TIMING, "batch": BATCH},
-              "models": rows, "failed": failed(rows)}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(RESULTS / "corpus.json", json.dumps(report, indent=1, default=str))
-    machine = report["machine"]
-    head = (f"{report['date']}, `{report['command']}`, {seconds / 60:.1f} min. {machine['cpu']}, {machine['cores']} "
-            f"cores; onnxruntime {machine['onnxruntime']}, TVM {machine.get('tvm', '?')}. Compute nodes: all but "
-            f"shape plumbing (docs/report.md); in kernels: those inside compiled kernels. Verify: onnxfuse verify on "
-            f"the model's recorded inputs. Speedup: onnxruntime's time / onnxfuse's, median over alternating rounds, "
-            f"1 thread, IOBinding.")
+        head = write_results(rows, timed, command.strip(), time.perf_counter() - started,
+                             done=len(rows) == len(models))  # after each model: a long run stopped keeps what it did
     timed_any = bool(timed)
-    write_text_atomic(RESULTS / "corpus.md", "\n\n".join([head, table(rows, timed_any, markdown=True),
-                                                          reasons_text(rows)]) + "\n")
     print(head, table(rows, timed_any), reasons_text(rows), sep="\n\n")
-    if report["failed"]:
-        print(f"\nfailed: {', '.join(report['failed'])}")
+    if failed(rows):
+        print(f"\nfailed: {', '.join(failed(rows))}")
     print(f"\nwrote {RESULTS / 'corpus.json'} and {RESULTS / 'corpus.md'}")
-    return 1 if report["failed"] else 0
+    return 1 if failed(rows) else 0
 
 
 if __name__ == "__main__":

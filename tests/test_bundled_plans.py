@@ -23,8 +23,8 @@ EXPECTED = {
     "perf_tree_trav_d8": ([72], 0),
     "transformer_mlp": ([9, 7, 3], 0),
     "tree_ensemble_d8": ([], 1),  # one ONNX-ML TreeEnsemble op: opaque
-    "tree_trav_d3": ([47], 4),  # the 4 left compute the index's shape
-    "tree_trav_d8": ([117], 4),
+    "tree_trav_d3": ([44], 4),  # the 4 left compute the index's shape (its 3 int64→int64 Casts are dropped)
+    "tree_trav_d8": ([109], 4),  # and its 8
 }
 
 

@@ -4,6 +4,7 @@ inputs, and its fusion plan (`onnxfuse inspect --json`) checked for unfused node
 frontend should have made fusable.
 
 What counts as "the frontend's fault" (an exporter's constant or shape plumbing left in the way):
+- a reason "it reads only constants" (constant folding, in the main graph or a body, missed it);
 - a reason "input K of OP is computed at run time" where that input, traced back through the
   loaded graph, depends on nothing but initializers, Constant nodes, and Shape/Size of values
   whose (sliced) shape is static: its value is known before the model runs;
@@ -30,11 +31,8 @@ from onnxfuse.ir import Graph
 from onnxfuse.verify import verify_models
 
 CORPUS = Path(__file__).resolve().parent.parent / "models" / "exported"
-SKL2ONNX_SHAPES = ("extract: shape of input 'mul_result' is unknown: onnx's shape inference gives no shape for the "
-                   "output of ai.onnx.ml Scaler, so every group after it fails to extract (frontend shape inference)")
 SUBSET = ["lstm_cell_stacked_ts", "gru_cell_dynamo", "hb_rf_tree_trav", "hb_lgbm_perf_tree_trav",
-          "bert_tiny_2l_dynamo", "mobilenet_tiny_ts",
-          pytest.param("skl2onnx_mlp", marks=pytest.mark.xfail(strict=True, reason=SKL2ONNX_SHAPES))]
+          "bert_tiny_2l_dynamo", "mobilenet_tiny_ts", "skl2onnx_mlp"]
 RUN_TIME_INPUT = re.compile(r"input (\d+) of \w+ is computed at run time")
 UNKNOWN = re.compile(r"\b(dtype|shape) of .* is unknown")
 
@@ -74,10 +72,13 @@ def frontend_misses(model: Path) -> list[str]:
     graph = load_model(str(model))
     misses = []
     for entry in plan["unfused"]:
-        node = graph.nodes[entry["node_index"]]
+        scope = graph.scope(entry.get("scope", ""))  # an If/Loop/Scan body's entries name their body
+        node = scope.nodes[entry["node_index"]]
         assert node.op_type == entry["op_type"]  # inspect's indices are the loaded graph's
         run_time = RUN_TIME_INPUT.search(entry["reason"])
-        if run_time and known_before_running(graph, node.inputs[int(run_time.group(1))]):
+        if "reads only constants" in entry["reason"]:
+            misses.append(f"{node.label}: {entry['reason']} (the front end folds those)")
+        elif run_time and known_before_running(scope, node.inputs[int(run_time.group(1))]):
             misses.append(f"{node.label}: {entry['reason']} (but it is known before the model runs)")
         elif UNKNOWN.search(entry["reason"]):
             misses.append(f"{node.label}: {entry['reason']}")
@@ -125,3 +126,12 @@ def test_corpus_model_optimizes_and_matches_onnxruntime_on_its_inputs(name, tmp_
     unknown = [f"{g['name']}: {g['reason']}" for g in report["groups"]
                if g["status"] == "fallback" and UNKNOWN.search(g["reason"])]
     assert unknown == []
+
+
+ALL = sorted(p.stem for p in CORPUS.glob("*.onnx"))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_no_corpus_model_is_left_unfused_for_a_constant_or_static_shape(name):
+    """The plan alone (no compile), for every model of the corpus: see frontend_misses."""
+    assert frontend_misses(CORPUS / f"{name}.onnx") == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from frontend_helpers import apply, assert_same_outputs, initializers, op_types, with_shapes
+from frontend_helpers import apply, assert_same_outputs, initializers, op_types, run, with_shapes
 from onnx import TensorProto, helper
 from onnx_builder import const_i64, model, node
 
@@ -147,3 +147,28 @@ def test_folding_reaches_into_an_if_body():
     assert [n.op_type for n in body.node] == ["MatMul"]
     np.testing.assert_array_equal({t.name: onnx.numpy_helper.to_array(t) for t in body.initializer}["w"], wp.T)
     assert_same_outputs(m, after)
+
+
+def test_constant_only_nodes_inside_an_if_branch_are_folded_into_the_branch():
+    """The TorchScript exporter re-packs an LSTM's gate weights inside the branch that runs it:
+    Slice/Concat of the outer weight. Folded, the branch's MatMul reads a constant."""
+    then_branch = helper.make_graph(
+        [node("Slice", ["w", "s0", "s2"], "w_lo"), node("Slice", ["w", "s2", "s4"], "w_hi"),
+         node("Concat", ["w_hi", "w_lo"], "w_swapped", axis=0), node("MatMul", ["x", "w_swapped"], "then_y")],
+        "then", [], [helper.make_tensor_value_info("then_y", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(const_i64(v), f"s{v}") for v in (0, 2, 4)])
+    else_branch = helper.make_graph([node("MatMul", ["x", "w"], "else_y")], "else", [],
+                                    [helper.make_tensor_value_info("else_y", TensorProto.FLOAT, None)])
+    m = model([node("If", ["cond"], "y", then_branch=then_branch, else_branch=else_branch)],
+              {"x": ("N", 4)}, ["y"], {"w": np.arange(16, dtype=np.float32).reshape(4, 4)})
+    m.graph.input.append(helper.make_tensor_value_info("cond", TensorProto.BOOL, []))
+    after, modified = apply(FoldConstantsPass(), with_shapes(m))
+    assert modified
+    (if_node,) = after.graph.node
+    branch = next(a.g for a in if_node.attribute if a.name == "then_branch")
+    assert [n.op_type for n in branch.node] == ["MatMul"]
+    swapped = next(t for t in branch.initializer if t.name == "w_swapped")
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(swapped), np.arange(16).reshape(4, 4)[[2, 3, 0, 1]])
+    for cond in (True, False):
+        feeds = {"x": np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32), "cond": np.array(cond)}
+        np.testing.assert_array_equal(run(after, feeds)[0], run(m, feeds)[0])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from frontend_helpers import apply, assert_same_outputs, initializers, op_types, with_shapes
 from onnx import helper
 from onnx_builder import const_i64, model, node
@@ -164,11 +165,27 @@ def test_a_slice_that_does_nothing_disappears():
     assert_same_outputs(m, after, SIZES)
 
 
-def test_allowzero_reshape_is_left_alone():
-    m = batch_plumbing_model(("N", 3, 4))
-    next(n for n in m.graph.node if n.op_type == "Reshape").attribute.extend(
-        [helper.make_attribute("allowzero", 1)])
+def with_allowzero(m):
+    next(n for n in m.graph.node if n.op_type == "Reshape").attribute.extend([helper.make_attribute("allowzero", 1)])
     m.opset_import[0].version = 18
+    return m
+
+
+def test_allowzero_reshape_of_batch_plumbing_becomes_a_copy():
+    """The dynamo exporter writes allowzero=1: with no literal 0 in the shape, it differs from
+    allowzero=0 only on a zero-size axis, so the same rewrite holds."""
+    m = with_allowzero(batch_plumbing_model(("N", 3, 4)))
+    after, modified = apply(ResolveShapePlumbingPass(), with_shapes(m))
+    assert modified
+    (reshape,) = [n for n in after.graph.node if n.op_type == "Reshape"]
+    assert reshape_input(after) == [0, -1]
+    assert [(a.name, a.i) for a in reshape.attribute] == [("allowzero", 0)]
+    assert_same_outputs(m, after, SIZES)
+
+
+def test_allowzero_reshape_with_a_literal_zero_is_left_alone():
+    m = with_allowzero(batch_plumbing_model(("N", 3, 0)))
+    m.graph.initializer[2].CopyFrom(onnx.numpy_helper.from_array(const_i64(0), "m1"))  # x.view(n, 0)
     _, modified = apply(ResolveShapePlumbingPass(), with_shapes(m))
     assert not modified
 

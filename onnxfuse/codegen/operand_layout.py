@@ -90,9 +90,9 @@ def _gather_as_slice(node, initializers, dims, prefix: str, new_initializers):
     k = int(numpy_helper.to_array(index))
     axis = _attr(node, "axis")
     shape = dims.get(node.input[0])
+    if shape is None or shape[axis] is None:
+        return None  # TVM squeezes only an axis it can prove is 1: Slice(k, k+1) of a symbolic one is not
     if k < 0 or axis < 0:
-        if shape is None or shape[axis] is None:
-            return None
         k = k + shape[axis] if k < 0 else k
         axis = axis + len(shape) if axis < 0 else axis
     if k < 0 or (shape is not None and shape[axis] is not None and k >= shape[axis]):

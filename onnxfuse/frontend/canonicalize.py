@@ -9,9 +9,11 @@ The passes, in order (each file states its guarantee):
 1. local functions inlined (onnx-ir's InlinePass);
 2. Constant nodes → initializers (`lift_constants.py`, onnx-ir's pass);
 3. unknown graph-input dims → named symbols (`name_input_dims.py`);
-4. to a fixed point: shape inference afresh (`infer_shapes.py`), constant-only nodes folded
-   (`fold_constants.py`), shape plumbing resolved (`shape_plumbing.py`), dead nodes and
-   initializers removed (onnx-ir's RemoveUnusedNodesPass).
+4. to a fixed point: shape inference afresh (`infer_shapes.py`, with `ml_shapes.py` for the
+   ai.onnx.ml ops onnx gives no shape), Casts to the dtype their input has removed
+   (`drop_noop_casts.py`), constant-only nodes folded (`fold_constants.py`), shape plumbing
+   resolved (`shape_plumbing.py`), dead nodes and initializers removed (onnx-ir's
+   RemoveUnusedNodesPass).
 
 Everything works on onnx-ir's in-memory model; the loader hands in and gets back a ModelProto.
 """
@@ -29,6 +31,7 @@ from onnx_ir.passes.common import (
 )
 
 from ..errors import first_line
+from .drop_noop_casts import DropNoOpCastsPass
 from .fold_constants import MAX_FOLDED_ELEMENTS, FoldConstantsPass
 from .infer_shapes import InferShapesPass
 from .lift_constants import LiftConstantsPass
@@ -44,6 +47,7 @@ def canonical_passes(max_folded_elements: int = MAX_FOLDED_ELEMENTS) -> ir.passe
     to_fixed_point = ir.passes.PassManager(
         [
             InferShapesPass(),
+            DropNoOpCastsPass(),
             FoldConstantsPass(max_folded_elements),
             ResolveShapePlumbingPass(),
             RemoveUnusedNodesPass(),

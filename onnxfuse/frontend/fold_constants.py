@@ -6,7 +6,9 @@ on the way in. Left as nodes they are "computed at run time" and break fusion ch
 Each node is evaluated by onnxruntime, alone, on its constant inputs: the result is the one the
 original model computes, since onnxruntime runs it. Sizes are bounded before anything runs
 (shape inference must have given the outputs static shapes), so a ConstantOfShape of a huge
-shape is never materialised.
+shape is never materialised. Nodes inside If/Loop/Scan bodies are folded the same way (the
+TorchScript exporter re-packs an LSTM's gate weights with Slice/Concat inside the branch that
+runs it); their results become initializers of the body they are in.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx import helper
 
-from .tensors import constant_array, replace_with_initializer, used_names
+from .tensors import constant_array, replace_with_initializer, used_names_everywhere
 
 MAX_FOLDED_ELEMENTS = 1 << 20
 """No folded tensor, nor any tensor folding reads, has more elements than this."""
@@ -27,11 +29,10 @@ _NOT_FOLDED = frozenset({
 
 
 class FoldConstantsPass(ir.passes.InPlacePass):
-    """Guarantee: a node of the standard domain, in the main graph or in an If/Loop/Scan body,
-    whose inputs are all constants (not overridable graph inputs) and whose outputs have static
-    shapes of at most `max_elements` each is replaced by initializers of the same names and values
-    (a body's in that body); random ops, nodes with subgraphs and nodes producing graph outputs are
-    left alone."""
+    """Guarantee: a node of the standard domain (in the main graph or a body) whose inputs are
+    all constants (not overridable graph inputs) and whose outputs have static shapes of at most
+    `max_elements` each is replaced by initializers of the same names and values, in its own
+    graph; random ops, nodes with subgraphs and nodes producing graph outputs are left alone."""
 
     def __init__(self, max_elements: int = MAX_FOLDED_ELEMENTS):
         super().__init__()
@@ -39,27 +40,21 @@ class FoldConstantsPass(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         opset = model.opset_imports.get("", None)
-        graphs = list(model.graphs())
-        taken = set().union(*(used_names(graph) for graph in graphs))  # names are unique across scopes
+        taken = used_names_everywhere(model.graph)
         folded = 0
-        for graph in graphs:
-            folded += self._fold(graph, opset, taken)
-        return ir.passes.PassResult(model, modified=folded > 0)
-
-    def _fold(self, graph: ir.Graph, opset: int | None, taken: set[str]) -> int:
-        folded = 0
-        for node in list(graph):
+        for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
             inputs = self._constant_inputs(node)
             if inputs is None or opset is None:
                 continue
             results = _evaluate(node, inputs, opset)
             if results is None or any(r.size > self.max_elements for r in results):
                 continue
+            graph = node.graph
             for output, result in zip(node.outputs, results):
                 replace_with_initializer(graph, output, result, taken)
             graph.remove(node, safe=True)
             folded += 1
-        return folded
+        return ir.passes.PassResult(model, modified=folded > 0)
 
     def _constant_inputs(self, node: ir.Node) -> list[np.ndarray | None] | None:
         """The node's input arrays (None for an omitted one) if it may be folded, else None."""

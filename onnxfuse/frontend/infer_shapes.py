@@ -6,12 +6,17 @@ named `unk__0` while the pads were unknown must not outlive that. So the dims on
 (`unk__N`) are made unknown again first. Shapes the exporter declared (PyTorch's dynamo exporter
 writes every intermediate's, often with symbols onnx cannot derive) stay: clearing them lost
 fusions.
+
+onnx infers no shape for most `ai.onnx.ml` ops; `ml_shapes.py` fills those in, and onnx's
+inference runs again from them until no ML op gains a shape.
 """
 
 from __future__ import annotations
 
 import onnx_ir as ir
 from onnx_ir.passes.common import ShapeInferencePass
+
+from .ml_shapes import InferMlShapesPass
 
 INFERRED_SYMBOL_PREFIX = "unk__"
 
@@ -26,7 +31,10 @@ class InferShapesPass(ir.passes.InPlacePass):
         for value in values:
             if value.shape is not None and any(_inferred(d) for d in value.shape):
                 value.shape = ir.Shape([None if _inferred(d) else d for d in value.shape])
-        ShapeInferencePass(strict_mode=False, data_prop=True)(model)
+        infer = ShapeInferencePass(strict_mode=False, data_prop=True)
+        infer(model)
+        while InferMlShapesPass()(model).modified:  # each round adds a shape to an ML op's output
+            infer(model)
         modified = any(before[v] != (v.shape, v.dtype) for v in values)
         return ir.passes.PassResult(model, modified=modified)
 

@@ -8,7 +8,8 @@ Rules (numbers referred to in the code):
    becomes 0 ("copy that dim"); if exactly one other element is not a number and `s` has no -1,
    it becomes -1 (the size the others leave: equivalent for every non-empty input, the only
    inputs the original could reshape to a size it computed itself, except zero-size ones).
-   The shape is then a constant.
+   The shape is then a constant. With allowzero=1 (the dynamo exporter writes it) the same,
+   made allowzero=0, when no number in `s` is 0: then the two differ only on a zero-size axis.
 3. `Expand(x, s)` where each element of `s` is a number or surely the size of `x`'s aligned
    axis: those elements become 1 (broadcasting a dim against 1 gives the dim).
 4. `Slice` on an axis with step 1 from 0 to an end at or past the axis's end (a known size, or
@@ -64,8 +65,9 @@ def _constant_reshape(graph: ir.Graph, node: ir.Node, known: dict, taken: set[st
     content: ShapeValue | None = known.get(shape)
     if data is None or content is None or content.scalar or content.is_constant or data.shape is None:
         return False
-    if node.attributes.get("allowzero") is not None and node.attributes["allowzero"].value:
-        return False
+    allowzero = node.attributes.get("allowzero") is not None and bool(node.attributes["allowzero"].value)
+    if allowzero and 0 in content.elements:
+        return False  # a literal 0 is a zero-size axis there and a copy here
     rank = len(data.shape)
     resolved: list[int | None] = []
     for position, element in enumerate(content.elements):
@@ -82,6 +84,8 @@ def _constant_reshape(graph: ir.Graph, node: ir.Node, known: dict, taken: set[st
         resolved[i] = -1
     new_shape = add_initializer(graph, f"{shape.name}__const", np.array(resolved, dtype=np.int64), taken)
     node.replace_input_with(1, new_shape)
+    if allowzero:
+        node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
     return True
 
 

@@ -36,6 +36,19 @@ def used_names(graph: ir.Graph) -> set[str]:
     return {n for n in names if n}
 
 
+def used_names_everywhere(graph: ir.Graph) -> set[str]:
+    """The names used in `graph` and every body inside it (names are unique model-wide)."""
+    names = used_names(graph)
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                names |= used_names(attr.value)
+            elif attr.type == ir.AttributeType.GRAPHS:
+                for body in attr.value:
+                    names |= used_names(body)
+    return names
+
+
 def add_initializer(graph: ir.Graph, base: str, array: np.ndarray, taken: set[str] | None = None) -> ir.Value:
     """Register `array` as a new initializer named after `base` (suffixed if the name is taken)."""
     name = _fresh(base, used_names(graph) if taken is None else taken)
