@@ -148,3 +148,24 @@ def test_missing_dot_is_one_clear_line(tmp_path, monkeypatch):
     lines = result.output.strip().splitlines()
     assert lines[-1].startswith("onnxfuse: error: the HTML view needs Graphviz's `dot`")
     assert not (tmp_path / "p.html").exists()
+
+
+@needs_dot
+@pytest.mark.parametrize("model", [MODELS / "lstm_cell.onnx", BRANCHY, MODELS / "exported" / "bert_tiny_2l_ts.onnx"],
+                         ids=lambda p: p.name)
+def test_each_groups_nodes_lie_inside_its_rectangle_and_groups_do_not_overlap(model):
+    """The plan is laid out in two levels (each group alone, then the graph of group boxes):
+    the composition must put every member inside its group and keep groups apart."""
+    dump = inspect_json(model)
+    layout = layout_scene(build_scene(dump, "plan"))
+    rects = {name[len("group:"):]: rect for name, rect in layout["clusters"].items() if name.startswith("group:")}
+    assert set(rects) == {g["name"] for g in dump["groups"]}
+    for node in dump["graph"]["nodes"]:
+        if "group" in node:
+            x, y, w, h = rects[node["group"]]
+            cx, cy, bw, bh = layout["boxes"][node["id"]]
+            assert x <= cx - bw / 2 and cx + bw / 2 <= x + w and y <= cy - bh / 2 and cy + bh / 2 <= y + h
+    boxes = list(rects.values())
+    for i, (x, y, w, h) in enumerate(boxes):
+        for x2, y2, w2, h2 in boxes[i + 1:]:
+            assert x + w <= x2 or x2 + w2 <= x or y + h <= y2 or y2 + h2 <= y

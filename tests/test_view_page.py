@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxfuse_cli.main import main
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
-BERT = MODELS / "exported" / "bert_tiny_12l_ts.onnx"  # the corpus's largest: 1,101 nodes as exported, 562 canonical
+BERT = MODELS / "exported" / "bert_tiny_24l_ts.onnx"  # the corpus's largest: 2,073 nodes as exported, 1,049 canonical
 BRANCHY = MODELS / "exported" / "branchy_cell_ts.onnx"  # groups inside If branches
 
 pytestmark = [
@@ -62,7 +62,7 @@ def bert(tmp_path_factory) -> tuple[Path, dict]:
     run("inspect", str(BERT), "--html", str(out / "bert.html"))
     seconds = time.perf_counter() - started
     print(f"inspect --html of {BERT.name}: {seconds:.1f} s")
-    assert seconds < 120  # a sanity bound on a shared machine; measured about 5 s
+    assert seconds < 120  # a bound against a hang on a shared machine; measured 4-5 s (dot took 10 min before)
     return out / "bert.html", json.loads(run("inspect", str(BERT), "--json").output)
 
 
@@ -111,7 +111,8 @@ def test_corpus_page_draws_every_group_and_unfused_node(bert, profile, proxy):
     groups, _, unfused = expected_drawing(plan)  # the DOM as Chromium left it: the collapsed view
     assert set(re.findall(r'<g class="box group[^"]*" data-id="[^"]*" data-group="([^"]+)"', dom)) == groups
     assert set(re.findall(r'<g class="box unfused[^"]*" data-id="([^"]+)"', dom)) == unfused
-    assert len(plan["groups"]) > 50 and len(plan["unfused"]) > 200
+    assert plan["node_count"] >= 800 and len(plan["groups"]) > 50 and len(plan["unfused"]) > 200
+    assert record["start"] == "collapsed"
     assert record["views"]["plan"]["boxes"] >= plan["node_count"]  # every node, plus the model's inputs and outputs
     group = next(g for g in plan["groups"] if g["name"] == "group_9")
     panel = record["panel"]

@@ -250,7 +250,7 @@ def _specs():
                     "into the Reshape after each LSTM/GRU (Reshape to [32, -1, H]) and into the "
                     "output shapes, so onnxruntime failed at any other length; dynamo=False "
                     "keeps seq symbolic")))
-    for layers in (2, 12):
+    for layers in (2, 12, 24):
         ids_rng = np.random.default_rng(SEED + layers)
         bs, sl = 2, 16
         ids = ids_rng.integers(1, 1000, size=(bs, sl)).astype(np.int64)
