@@ -64,6 +64,39 @@ class _RegisterTile:
         T.buffer_store(self.rows[r], value, [g, v])
 
 
+class _ValueSlots:
+    """Names for the gate math's intermediate values: a value stored to a small stack buffer and
+    read back. T.Bind's let is not enough: TVM's simplifier substitutes every let whose value
+    reads no memory into its uses, which turned the activations (each exp reads its argument 18
+    times) into expression trees of millions of nodes, and TVM's passes took 20-130 s on one LSTM
+    kernel. A load is kept, and LLVM turns the buffers back into registers.
+
+    One region (a row's gate math in one vectorized loop) uses at most SLOTS values per dtype;
+    start() begins the next region, whose values may reuse the slots of the dead ones."""
+
+    SLOTS = 64
+
+    def __init__(self, lanes: int):
+        self.pools = {dtype: [T.alloc_buffer((lanes,), dtype) for _ in range(self.SLOTS)] for dtype in (F32, "int32")}
+        self.used = dict.fromkeys(self.pools, 0)
+
+    def binder(self, v):
+        """A fresh region at vector lane index v: bind(value) → the value, named."""
+        self.used = dict.fromkeys(self.pools, 0)
+
+        def bind(value):
+            dtype = str(value.ty.dtype)
+            slot = self.used[dtype]
+            if slot >= self.SLOTS:
+                raise CompileError(f"recurrent: the gate math names more than {self.SLOTS} {dtype} values")
+            self.used[dtype] = slot + 1
+            buffer = self.pools[dtype][slot]
+            T.buffer_store(buffer, value, [v])
+            return buffer[v]
+
+        return bind
+
+
 def _i64(value):
     return tvm.tirx.const(value, I64) if isinstance(value, int) else value
 
@@ -89,6 +122,7 @@ class _Buffers:
     z: object = None  # and z, kept from the first phase, [TILE_ROWS, NB*V]
     acc: object = None  # the recurrence's register tile, [TILE_ROWS, G, V]
     acc_in: object = None  # the projection's register tile, [PROJECTION_ROWS, 4, V]
+    slots: object = None  # names of the gate math's values (_ValueSlots)
 
 
 class _KernelWriter:
@@ -128,6 +162,7 @@ class _KernelWriter:
                     b.z = T.alloc_buffer((TILE_ROWS, hp), F32)
                 b.acc = _RegisterTile(TILE_ROWS, self.gates, self.lanes)
                 b.acc_in = _RegisterTile(PROJECTION_ROWS, 4, self.lanes)
+                b.slots = _ValueSlots(self.lanes)
                 if len(set(self.op.activations)) == 1:  # one loop over directions: half the code
                     with T.serial(_i64(0), _i64(len(self.op.directions))) as d:
                         self.batch_tiles(b, d)
@@ -231,13 +266,13 @@ class _KernelWriter:
         nxt = 1 - cur
         lanes, gates = self.lanes, self.gates
 
-        def pre(r, g, jb, v, value):
+        def pre(r, g, jb, v, value, bind):
             """A gate's pre-activation: value + the projected input, clipped (bound to a name:
             each value is computed once, however often the gate math reads it)."""
             total = value + b.xp[t * rows + r, jb * gates + g, v]
             if op.clip is not None:
                 total = tvm.tirx.max(_f32(-op.clip), tvm.tirx.min(_f32(op.clip), total))
-            return T.Bind(total)
+            return bind(total)
 
         def active(r):
             if b.seq_lens is None:
@@ -260,33 +295,34 @@ class _KernelWriter:
             for r in range(rows):
                 with T.vectorized(_i64(0), _i64(lanes)) as v:
                     j = jb * lanes + v
-                    hp = T.Bind(b.h[cur, r, j])
+                    bind = b.slots.binder(v)
+                    hp = bind(b.h[cur, r, j])
                     if op.op_type == "LSTM":
                         f_act, g_act, h_act = acts
-                        c_prev = T.Bind(b.c[r, j])
+                        c_prev = bind(b.c[r, j])
                         peep = (lambda which: b.peep[d, which, jb, v]) if b.peep is not None else None
-                        i_pre = pre(r, 0, jb, v, b.acc[r, 0, v] + (peep(0) * c_prev if peep else _f32(0.0)))
-                        i_gate = T.Bind(f_act(i_pre))
+                        i_pre = pre(r, 0, jb, v, b.acc[r, 0, v] + (peep(0) * c_prev if peep else _f32(0.0)), bind)
+                        i_gate = bind(f_act(i_pre, bind))
                         if op.input_forget:
                             f_gate = _f32(1.0) - i_gate
                         else:
-                            f_gate = T.Bind(f_act(pre(r, 2, jb, v, b.acc[r, 2, v] + (peep(2) * c_prev if peep else _f32(0.0)))))
-                        c_new = T.Bind(f_gate * c_prev + i_gate * g_act(pre(r, 3, jb, v, b.acc[r, 3, v])))
-                        o_gate = T.Bind(f_act(pre(r, 1, jb, v, b.acc[r, 1, v] + (peep(1) * c_new if peep else _f32(0.0)))))
-                        h_new = o_gate * h_act(c_new)
+                            f_gate = bind(f_act(pre(r, 2, jb, v, b.acc[r, 2, v] + (peep(2) * c_prev if peep else _f32(0.0)), bind), bind))
+                        c_new = bind(f_gate * c_prev + i_gate * g_act(pre(r, 3, jb, v, b.acc[r, 3, v], bind), bind))
+                        o_gate = bind(f_act(pre(r, 1, jb, v, b.acc[r, 1, v] + (peep(1) * c_new if peep else _f32(0.0)), bind), bind))
+                        h_new = o_gate * h_act(c_new, bind)
                         T.buffer_store(b.c, keep_or(r, c_new, c_prev), [r, j])
                     elif op.op_type == "GRU":
                         f_act, g_act = acts
                         if op.linear_before_reset:
-                            z_gate = T.Bind(f_act(pre(r, 0, jb, v, b.acc[r, 0, v])))
-                            r_gate = T.Bind(f_act(pre(r, 1, jb, v, b.acc[r, 1, v])))
-                            candidate = T.Bind(g_act(pre(r, 2, jb, v, r_gate * b.acc[r, 2, v])))
+                            z_gate = bind(f_act(pre(r, 0, jb, v, b.acc[r, 0, v], bind), bind))
+                            r_gate = bind(f_act(pre(r, 1, jb, v, b.acc[r, 1, v], bind), bind))
+                            candidate = bind(g_act(pre(r, 2, jb, v, r_gate * b.acc[r, 2, v], bind), bind))
                         else:
-                            z_gate = T.Bind(b.z[r, j])
-                            candidate = T.Bind(g_act(pre(r, 2, jb, v, b.acc[r, 0, v])))
+                            z_gate = bind(b.z[r, j])
+                            candidate = bind(g_act(pre(r, 2, jb, v, b.acc[r, 0, v], bind), bind))
                         h_new = (_f32(1.0) - z_gate) * candidate + z_gate * hp
                     else:
-                        h_new = acts[0](pre(r, 0, jb, v, b.acc[r, 0, v]))
+                        h_new = acts[0](pre(r, 0, jb, v, b.acc[r, 0, v], bind), bind)
                     T.buffer_store(b.h, keep_or(r, h_new, hp), [nxt, r, j])
         if b.y is not None:
             with T.serial(_i64(0), _i64(rows)) as r:
@@ -302,8 +338,9 @@ class _KernelWriter:
             for r in range(rows):
                 with T.vectorized(_i64(0), _i64(self.lanes)) as v:
                     j = jb * self.lanes + v
-                    T.buffer_store(b.z, f_act(pre(r, 0, jb, v, b.acc[r, 0, v])), [r, j])
-                    T.buffer_store(b.rh, f_act(pre(r, 1, jb, v, b.acc[r, 1, v])) * b.h[cur, r, j], [r, j])
+                    bind = b.slots.binder(v)
+                    T.buffer_store(b.z, f_act(pre(r, 0, jb, v, b.acc[r, 0, v], bind), bind), [r, j])
+                    T.buffer_store(b.rh, f_act(pre(r, 1, jb, v, b.acc[r, 1, v], bind), bind) * b.h[cur, r, j], [r, j])
 
 
 def _f32(value: float):

@@ -52,33 +52,39 @@ def _f32(value: float):
     return tvm.tirx.const(value, "float32")
 
 
-def fast_sigmoid(x):
-    return _f32(1.0) / (_f32(1.0) + fast_exp_value(-x))
+def _unbound(value):
+    return value
 
 
-def fast_tanh(x):
+def fast_sigmoid(x, bind=_unbound):
+    return _f32(1.0) / (_f32(1.0) + fast_exp_value(-x, bind))
+
+
+def fast_tanh(x, bind=_unbound):
     """tanh from the fast exp away from 0 (1 - 2 / (e^2|x| + 1), no cancellation there) and
-    from its Taylor series near 0, where that form would cancel."""
-    x2 = x * x
+    from its Taylor series near 0, where that form would cancel. `bind` names intermediates
+    (see fast_exp_value)."""
+    x = bind(x)
+    x2 = bind(x * x)
     series = _f32(_TANH_SERIES[-1])
     for c in reversed(_TANH_SERIES[:-1]):
         series = series * x2 + _f32(c)
-    magnitude = tvm.tirx.abs(x)
-    far = _f32(1.0) - _f32(2.0) / (fast_exp_value(magnitude * _f32(2.0)) + _f32(1.0))
+    magnitude = bind(tvm.tirx.abs(x))
+    far = bind(_f32(1.0) - _f32(2.0) / (fast_exp_value(magnitude * _f32(2.0), bind) + _f32(1.0)))
     signed = tvm.tirx.Select(x < _f32(0.0), -far, far)
     return tvm.tirx.Select(magnitude < _f32(_TANH_SERIES_BELOW), x * series, signed)
 
 
-# name → (alpha and beta it takes, their ONNX defaults, the function of x, alpha, beta)
+# name → (alpha and beta it takes, their ONNX defaults, the function of x, alpha, beta, bind)
 ACTIVATIONS = {
-    "Sigmoid": (0, (), lambda x, a, b: fast_sigmoid(x)),
-    "Tanh": (0, (), lambda x, a, b: fast_tanh(x)),
-    "Relu": (0, (), lambda x, a, b: tvm.tirx.Select(x > _f32(0.0), x, _f32(0.0))),
-    "HardSigmoid": (2, (0.2, 0.5), lambda x, a, b: tvm.tirx.max(_f32(0.0), tvm.tirx.min(_f32(1.0), _f32(a) * x + _f32(b)))),
-    "Affine": (2, (1.0, 0.0), lambda x, a, b: _f32(a) * x + _f32(b)),
-    "LeakyRelu": (1, (0.01,), lambda x, a, b: tvm.tirx.Select(x >= _f32(0.0), x, _f32(a) * x)),
-    "ScaledTanh": (2, (1.0, 1.0), lambda x, a, b: _f32(a) * fast_tanh(_f32(b) * x)),
-    "Softsign": (0, (), lambda x, a, b: x / (_f32(1.0) + tvm.tirx.abs(x))),
+    "Sigmoid": (0, (), lambda x, a, b, bind: fast_sigmoid(x, bind)),
+    "Tanh": (0, (), lambda x, a, b, bind: fast_tanh(x, bind)),
+    "Relu": (0, (), lambda x, a, b, bind: tvm.tirx.Select(x > _f32(0.0), x, _f32(0.0))),
+    "HardSigmoid": (2, (0.2, 0.5), lambda x, a, b, bind: tvm.tirx.max(_f32(0.0), tvm.tirx.min(_f32(1.0), _f32(a) * x + _f32(b)))),
+    "Affine": (2, (1.0, 0.0), lambda x, a, b, bind: _f32(a) * x + _f32(b)),
+    "LeakyRelu": (1, (0.01,), lambda x, a, b, bind: tvm.tirx.Select(x >= _f32(0.0), x, _f32(a) * x)),
+    "ScaledTanh": (2, (1.0, 1.0), lambda x, a, b, bind: _f32(a) * fast_tanh(_f32(b) * x, bind)),
+    "Softsign": (0, (), lambda x, a, b, bind: x / (_f32(1.0) + tvm.tirx.abs(x))),
 }
 
 
@@ -88,8 +94,9 @@ class Activation:
     alpha: float = 0.0
     beta: float = 0.0
 
-    def __call__(self, x):
-        return ACTIVATIONS[self.name][2](x, self.alpha, self.beta)
+    def __call__(self, x, bind=_unbound):
+        """The activation of x; `bind` names intermediate values (the kernel passes T.Bind)."""
+        return ACTIVATIONS[self.name][2](x, self.alpha, self.beta, bind)
 
 
 def _activations(op_type: str, attrs: dict, directions: int) -> tuple[tuple[Activation, ...], ...]:
