@@ -35,7 +35,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from ..errors import CompileError
-from ..kernel_spec import KernelSpec, TensorSpec
+from ..kernel_spec import KernelSpec, TensorSpec, level_kernel_name
 from ..target import Target
 from . import param_alignment, register_file
 from .compile import CompiledGroup, _stage, build_module, build_object
@@ -106,6 +106,7 @@ class _Buffers:
     x: object
     w_in: object
     w_rec: object
+    w_rec_h: object | None  # GRU without linear_before_reset: the h gate's R, a stream of its own
     b_in: object
     b_rec: object | None
     peep: object | None
@@ -151,7 +152,7 @@ class _KernelWriter:
                 T.func_attr({"tir.noalias": True})
                 handles = [T.arg(pname, T.handle()) for pname, _, _ in params]
                 bound = {pname: T.match_buffer(h, shape, dtype) for h, (pname, shape, dtype) in zip(handles, params)}
-                b = _Buffers(**{k: bound.get(k) for k in ("x", "w_in", "w_rec", "b_in", "b_rec", "peep", "seq_lens",
+                b = _Buffers(**{k: bound.get(k) for k in ("x", "w_in", "w_rec", "w_rec_h", "b_in", "b_rec", "peep", "seq_lens",
                                                           "init_h", "init_c", "y", "y_h", "y_c")})
                 hp = self.blocks * self.lanes
                 b.xp = T.alloc_buffer((self.steps * TILE_ROWS, self.blocks * self.gates, self.lanes), F32)
@@ -218,37 +219,41 @@ class _KernelWriter:
 
     # -- the input projection -----------------------------------------------------------------
     def projection(self, b, d, row0, rows):
-        """xp[q] = X[t, row] @ W^T + b_in for q = t * rows + r: 4 q's at a time, then the rest."""
+        """xp[q] = X[t, row] @ W^T + b_in for q = t * rows + r: per tile of W's columns (its 16 KB
+        slice stays in L1 across the tile's pairs), 4 q's at a time, then the rest."""
         pairs = self.steps * rows
-        with T.serial(_i64(0), pairs // PROJECTION_ROWS) as quad:
-            self.projection_rows(b, d, row0, rows, quad * PROJECTION_ROWS, PROJECTION_ROWS)
-        with T.serial(pairs // PROJECTION_ROWS * PROJECTION_ROWS, pairs) as q:
-            self.projection_rows(b, d, row0, rows, q, 1)
+        with T.serial(_i64(0), _i64(self.packed.column_tiles)) as cb:
+            with T.serial(_i64(0), pairs // PROJECTION_ROWS) as quad:
+                self.projection_rows(b, d, row0, rows, cb, quad * PROJECTION_ROWS, PROJECTION_ROWS)
+            with T.serial(pairs // PROJECTION_ROWS * PROJECTION_ROWS, pairs) as q:
+                self.projection_rows(b, d, row0, rows, cb, q, 1)
 
-    def projection_rows(self, b, d, row0, rows, q0, count):
-        v_lanes, columns = self.lanes, self.blocks * self.gates
-        per_tile = next(n for n in (4, 3, 2, 1) if columns % n == 0)  # vectors per register tile
+    def projection_rows(self, b, d, row0, rows, cb, q0, count):
+        v_lanes, per_tile = self.lanes, self.packed.tile_vectors
         acc = b.acc_in
-        with T.serial(_i64(0), _i64(columns // per_tile)) as cb:
+        for q in range(count):
+            with T.unroll(_i64(0), _i64(per_tile)) as c:
+                with T.vectorized(_i64(0), _i64(v_lanes)) as v:
+                    acc.store(b.b_in[d, cb * per_tile + c, v], q, c, v)
+        with T.serial(_i64(0), _i64(self.op.input_size)) as k:
             for q in range(count):
+                pair = q0 + q
+                xk = self.x_at(b, pair // rows, row0 + pair % rows, k)
                 with T.unroll(_i64(0), _i64(per_tile)) as c:
                     with T.vectorized(_i64(0), _i64(v_lanes)) as v:
-                        acc.store(b.b_in[d, cb * per_tile + c, v], q, c, v)
-            with T.serial(_i64(0), _i64(self.op.input_size)) as k:
-                for q in range(count):
-                    pair = q0 + q
-                    xk = self.x_at(b, pair // rows, row0 + pair % rows, k)
-                    with T.unroll(_i64(0), _i64(per_tile)) as c:
-                        with T.vectorized(_i64(0), _i64(v_lanes)) as v:
-                            acc.store(acc[q, c, v] + xk * b.w_in[d, k, cb * per_tile + c, v], q, c, v)
-            for q in range(count):
-                with T.unroll(_i64(0), _i64(per_tile)) as c:
-                    with T.vectorized(_i64(0), _i64(v_lanes)) as v:
-                        T.buffer_store(b.xp, acc[q, c, v], [q0 + q, cb * per_tile + c, v])
+                        acc.store(acc[q, c, v] + xk * b.w_in[d, cb, k, c, v], q, c, v)
+        for q in range(count):
+            with T.unroll(_i64(0), _i64(per_tile)) as c:
+                with T.vectorized(_i64(0), _i64(v_lanes)) as v:
+                    T.buffer_store(b.xp, acc[q, c, v], [q0 + q, cb * per_tile + c, v])
 
     # -- one time step ------------------------------------------------------------------------
     def recurrent_sum(self, b, d, rows, lhs, lhs_index, jb, gates, first_gate=0, start=None):
         """acc[r, g] = lhs[r] @ R[gate first_gate + g]^T over the block jb's columns."""
+        if b.w_rec_h is not None and first_gate == 2:
+            weight = (lambda k, g, v: b.w_rec_h[d, jb, k, g, v])
+        else:
+            weight = (lambda k, g, v: b.w_rec[d, jb, k, first_gate + g, v])
         for r in range(rows):
             with T.unroll(_i64(0), _i64(gates)) as g:
                 with T.vectorized(_i64(0), _i64(self.lanes)) as v:
@@ -258,7 +263,14 @@ class _KernelWriter:
                 hk = lhs[lhs_index(r, k)]
                 with T.unroll(_i64(0), _i64(gates)) as g:
                     with T.vectorized(_i64(0), _i64(self.lanes)) as v:
-                        b.acc.store(b.acc[r, g, v] + hk * b.w_rec[d, jb, k, first_gate + g, v], r, g, v)
+                        b.acc.store(b.acc[r, g, v] + hk * weight(k, g, v), r, g, v)
+
+    def block_order(self, sweep, cur, reverse=False):
+        """The column block of the sweep's iteration: forward on even steps, backward on odd ones
+        (reverse: the other way round), so a sweep starts on the blocks of R the last one
+        ended on, which are still in L1 (at batch 1 the step streams all of R from L2)."""
+        forward = (cur == 1) if reverse else (cur == 0)
+        return tvm.tirx.Select(forward, sweep, self.blocks - 1 - sweep)
 
     def step(self, b, d, row0, rows, t, cur):
         op = self.op
@@ -286,7 +298,8 @@ class _KernelWriter:
         h_prev = (lambda r, k: [cur, r, k])
         if op.op_type == "GRU" and not op.linear_before_reset:
             self.gru_reset_first_phase(b, d, rows, t, cur, pre, acts)
-        with T.serial(_i64(0), _i64(self.blocks)) as jb:
+        with T.serial(_i64(0), _i64(self.blocks)) as sweep:
+            jb = self.block_order(sweep, cur, reverse=op.op_type == "GRU" and not op.linear_before_reset)
             if op.op_type == "GRU" and not op.linear_before_reset:
                 self.recurrent_sum(b, d, rows, b.rh, lambda r, k: [r, k], jb, 1, first_gate=2)
             else:
@@ -333,7 +346,8 @@ class _KernelWriter:
         """GRU without linear_before_reset: r multiplies h *before* the h gate's GEMM, so z and r
         of every unit come first (kept in b.z and b.rh = r * h_prev)."""
         f_act = acts[0]
-        with T.serial(_i64(0), _i64(self.blocks)) as jb:
+        with T.serial(_i64(0), _i64(self.blocks)) as sweep:
+            jb = self.block_order(sweep, cur)
             self.recurrent_sum(b, d, rows, b.h, lambda r, k: [cur, r, k], jb, 2)
             for r in range(rows):
                 with T.vectorized(_i64(0), _i64(self.lanes)) as v:
@@ -447,7 +461,12 @@ def compile_recurrent(model: onnx.ModelProto, name: str, target: Target, out_dir
     # onnxruntime's tensors are only element aligned: TVM's default 64-byte declaration would let
     # LLVM emit aligned vector loads that fault on them.
     func = param_alignment.element_aligned(kernel.func.with_attr("global_symbol", name))
-    level_funcs = [(level, {name: func}) for level in target.levels]
+    # One entry point per level, named as the library's table expects (the same name in every
+    # level's object made joining them fail: every portable build fell back).
+    level_funcs = []
+    for level in target.levels:
+        level_name = level_kernel_name(name, level.suffix, len(target.levels))
+        level_funcs.append((level, {level_name: func.with_attr("global_symbol", level_name)}))
     obj = _stage("build", stats, lambda: build_object(level_funcs, name, target, pathlib.Path(out_dir)))
     stats.update(kernel.stats)
     stats["isa_levels"] = ",".join(level.name for level in target.levels)
