@@ -248,29 +248,42 @@ class _KernelWriter:
                     T.buffer_store(b.xp, acc[q, c, v], [q0 + q, cb * per_tile + c, v])
 
     # -- one time step ------------------------------------------------------------------------
-    def recurrent_sum(self, b, d, rows, lhs, lhs_index, jb, gates, first_gate=0, start=None):
-        """acc[r, g] = lhs[r] @ R[gate first_gate + g]^T over the block jb's columns."""
+    def span(self, rows: int, gates: int) -> int:
+        """Column blocks one register tile covers. At batch 1 a block's tile is only `gates`
+        vectors: for the GRU's phases (2 gates, then 1) and the RNN that is a chain of dependent
+        FMAs, 4 cycles each, so 2 or 4 blocks go together for 4 independent accumulators (GRU
+        without linear_before_reset, batch 1, kernel alone: 1.13x). LSTM (4 gates) and GRU (3)
+        keep one block: two blocks measured 0.93x (the step is bound by reading R from L2)."""
+        return next(s for s in (4, 2, 1) if s == 1 or (self.blocks % s == 0 and s * rows <= TILE_ROWS and s * rows * gates <= 4))
+
+    def recurrent_sum(self, b, d, rows, lhs, lhs_index, jbs, gates, first_gate=0, start=None):
+        """acc[s * rows + r, g] = lhs[r] @ R[gate first_gate + g]^T over the columns of block
+        jbs[s]."""
         if b.w_rec_h is not None and first_gate == 2:
-            weight = (lambda k, g, v: b.w_rec_h[d, jb, k, g, v])
+            weight = (lambda jb, k, g, v: b.w_rec_h[d, jb, k, g, v])
         else:
-            weight = (lambda k, g, v: b.w_rec[d, jb, k, first_gate + g, v])
-        for r in range(rows):
-            with T.unroll(_i64(0), _i64(gates)) as g:
-                with T.vectorized(_i64(0), _i64(self.lanes)) as v:
-                    b.acc.store(start(g, v) if start else _f32(0.0), r, g, v)
+            weight = (lambda jb, k, g, v: b.w_rec[d, jb, k, first_gate + g, v])
+        for s, jb in enumerate(jbs):
+            for r in range(rows):
+                with T.unroll(_i64(0), _i64(gates)) as g:
+                    with T.vectorized(_i64(0), _i64(self.lanes)) as v:
+                        b.acc.store(start(g, v, jb) if start else _f32(0.0), s * rows + r, g, v)
         with T.serial(_i64(0), _i64(self.op.hidden)) as k:
             for r in range(rows):
                 hk = lhs[lhs_index(r, k)]
-                with T.unroll(_i64(0), _i64(gates)) as g:
-                    with T.vectorized(_i64(0), _i64(self.lanes)) as v:
-                        b.acc.store(b.acc[r, g, v] + hk * weight(k, g, v), r, g, v)
+                for s, jb in enumerate(jbs):
+                    with T.unroll(_i64(0), _i64(gates)) as g:
+                        with T.vectorized(_i64(0), _i64(self.lanes)) as v:
+                            a = s * rows + r
+                            b.acc.store(b.acc[a, g, v] + hk * weight(jb, k, g, v), a, g, v)
 
-    def block_order(self, sweep, cur, reverse=False):
-        """The column block of the sweep's iteration: forward on even steps, backward on odd ones
-        (reverse: the other way round), so a sweep starts on the blocks of R the last one
-        ended on, which are still in L1 (at batch 1 the step streams all of R from L2)."""
+    def sweep_blocks(self, sweep, cur, span: int, reverse=False) -> list:
+        """The column blocks of the sweep's iteration, `span` at a time: forward on even steps,
+        backward on odd ones (reverse: the other way round), so a sweep starts on the blocks of R
+        the last one ended on, which are still in L1 (at batch 1 a step streams R from L2)."""
         forward = (cur == 1) if reverse else (cur == 0)
-        return tvm.tirx.Select(forward, sweep, self.blocks - 1 - sweep)
+        group = tvm.tirx.Select(forward, sweep, self.blocks // span - 1 - sweep)
+        return [group * span + s for s in range(span)]
 
     def step(self, b, d, row0, rows, t, cur):
         op = self.op
@@ -298,14 +311,17 @@ class _KernelWriter:
         h_prev = (lambda r, k: [cur, r, k])
         if op.op_type == "GRU" and not op.linear_before_reset:
             self.gru_reset_first_phase(b, d, rows, t, cur, pre, acts)
-        with T.serial(_i64(0), _i64(self.blocks)) as sweep:
-            jb = self.block_order(sweep, cur, reverse=op.op_type == "GRU" and not op.linear_before_reset)
-            if op.op_type == "GRU" and not op.linear_before_reset:
-                self.recurrent_sum(b, d, rows, b.rh, lambda r, k: [r, k], jb, 1, first_gate=2)
+        reset_first = op.op_type == "GRU" and not op.linear_before_reset
+        span = self.span(rows, 1 if reset_first else gates)
+        with T.serial(_i64(0), _i64(self.blocks // span)) as sweep:
+            jbs = self.sweep_blocks(sweep, cur, span, reverse=reset_first)
+            if reset_first:
+                self.recurrent_sum(b, d, rows, b.rh, lambda r, k: [r, k], jbs, 1, first_gate=2)
             else:
-                start = (lambda g, v: tvm.tirx.Select(g == 2, b.b_rec[d, jb, v], _f32(0.0))) if b.b_rec is not None else None
-                self.recurrent_sum(b, d, rows, b.h, h_prev, jb, gates, start=start)
-            for r in range(rows):
+                start = (lambda g, v, jb: tvm.tirx.Select(g == 2, b.b_rec[d, jb, v], _f32(0.0))) if b.b_rec is not None else None
+                self.recurrent_sum(b, d, rows, b.h, h_prev, jbs, gates, start=start)
+            for s, jb, r in ((s, jb, r) for s, jb in enumerate(jbs) for r in range(rows)):
+                a = s * rows + r  # the register tile's row
                 with T.vectorized(_i64(0), _i64(lanes)) as v:
                     j = jb * lanes + v
                     bind = b.slots.binder(v)
@@ -314,28 +330,28 @@ class _KernelWriter:
                         f_act, g_act, h_act = acts
                         c_prev = bind(b.c[r, j])
                         peep = (lambda which: b.peep[d, which, jb, v]) if b.peep is not None else None
-                        i_pre = pre(r, 0, jb, v, b.acc[r, 0, v] + (peep(0) * c_prev if peep else _f32(0.0)), bind)
+                        i_pre = pre(r, 0, jb, v, b.acc[a, 0, v] + (peep(0) * c_prev if peep else _f32(0.0)), bind)
                         i_gate = bind(f_act(i_pre, bind))
                         if op.input_forget:
                             f_gate = _f32(1.0) - i_gate
                         else:
-                            f_gate = bind(f_act(pre(r, 2, jb, v, b.acc[r, 2, v] + (peep(2) * c_prev if peep else _f32(0.0)), bind), bind))
-                        c_new = bind(f_gate * c_prev + i_gate * g_act(pre(r, 3, jb, v, b.acc[r, 3, v], bind), bind))
-                        o_gate = bind(f_act(pre(r, 1, jb, v, b.acc[r, 1, v] + (peep(1) * c_new if peep else _f32(0.0)), bind), bind))
+                            f_gate = bind(f_act(pre(r, 2, jb, v, b.acc[a, 2, v] + (peep(2) * c_prev if peep else _f32(0.0)), bind), bind))
+                        c_new = bind(f_gate * c_prev + i_gate * g_act(pre(r, 3, jb, v, b.acc[a, 3, v], bind), bind))
+                        o_gate = bind(f_act(pre(r, 1, jb, v, b.acc[a, 1, v] + (peep(1) * c_new if peep else _f32(0.0)), bind), bind))
                         h_new = o_gate * h_act(c_new, bind)
                         T.buffer_store(b.c, keep_or(r, c_new, c_prev), [r, j])
                     elif op.op_type == "GRU":
                         f_act, g_act = acts
                         if op.linear_before_reset:
-                            z_gate = bind(f_act(pre(r, 0, jb, v, b.acc[r, 0, v], bind), bind))
-                            r_gate = bind(f_act(pre(r, 1, jb, v, b.acc[r, 1, v], bind), bind))
-                            candidate = bind(g_act(pre(r, 2, jb, v, r_gate * b.acc[r, 2, v], bind), bind))
+                            z_gate = bind(f_act(pre(r, 0, jb, v, b.acc[a, 0, v], bind), bind))
+                            r_gate = bind(f_act(pre(r, 1, jb, v, b.acc[a, 1, v], bind), bind))
+                            candidate = bind(g_act(pre(r, 2, jb, v, r_gate * b.acc[a, 2, v], bind), bind))
                         else:
                             z_gate = bind(b.z[r, j])
-                            candidate = bind(g_act(pre(r, 2, jb, v, b.acc[r, 0, v], bind), bind))
+                            candidate = bind(g_act(pre(r, 2, jb, v, b.acc[a, 0, v], bind), bind))
                         h_new = (_f32(1.0) - z_gate) * candidate + z_gate * hp
                     else:
-                        h_new = acts[0](pre(r, 0, jb, v, b.acc[r, 0, v], bind), bind)
+                        h_new = acts[0](pre(r, 0, jb, v, b.acc[a, 0, v], bind), bind)
                     T.buffer_store(b.h, keep_or(r, h_new, hp), [nxt, r, j])
         if b.y is not None:
             with T.serial(_i64(0), _i64(rows)) as r:
@@ -346,15 +362,17 @@ class _KernelWriter:
         """GRU without linear_before_reset: r multiplies h *before* the h gate's GEMM, so z and r
         of every unit come first (kept in b.z and b.rh = r * h_prev)."""
         f_act = acts[0]
-        with T.serial(_i64(0), _i64(self.blocks)) as sweep:
-            jb = self.block_order(sweep, cur)
-            self.recurrent_sum(b, d, rows, b.h, lambda r, k: [cur, r, k], jb, 2)
-            for r in range(rows):
+        span = self.span(rows, 2)
+        with T.serial(_i64(0), _i64(self.blocks // span)) as sweep:
+            jbs = self.sweep_blocks(sweep, cur, span)
+            self.recurrent_sum(b, d, rows, b.h, lambda r, k: [cur, r, k], jbs, 2)
+            for s, jb, r in ((s, jb, r) for s, jb in enumerate(jbs) for r in range(rows)):
+                a = s * rows + r
                 with T.vectorized(_i64(0), _i64(self.lanes)) as v:
                     j = jb * self.lanes + v
                     bind = b.slots.binder(v)
-                    T.buffer_store(b.z, f_act(pre(r, 0, jb, v, b.acc[r, 0, v], bind), bind), [r, j])
-                    T.buffer_store(b.rh, f_act(pre(r, 1, jb, v, b.acc[r, 1, v], bind), bind) * b.h[cur, r, j], [r, j])
+                    T.buffer_store(b.z, f_act(pre(r, 0, jb, v, b.acc[a, 0, v], bind), bind), [r, j])
+                    T.buffer_store(b.rh, f_act(pre(r, 1, jb, v, b.acc[a, 1, v], bind), bind) * b.h[cur, r, j], [r, j])
 
 
 def _f32(value: float):
