@@ -329,15 +329,18 @@ class _KernelWriter:
                     if op.op_type == "LSTM":
                         f_act, g_act, h_act = acts
                         c_prev = bind(b.c[r, j])
-                        peep = (lambda which: b.peep[d, which, jb, v]) if b.peep is not None else None
-                        i_pre = pre(r, 0, jb, v, b.acc[a, 0, v] + (peep(0) * c_prev if peep else _f32(0.0)), bind)
-                        i_gate = bind(f_act(i_pre, bind))
+
+                        def peeped(which, cell, jb=jb, v=v):
+                            """A gate's peephole term (0 without peepholes)."""
+                            return b.peep[d, which, jb, v] * cell if b.peep is not None else _f32(0.0)
+
+                        i_gate = bind(f_act(pre(r, 0, jb, v, b.acc[a, 0, v] + peeped(0, c_prev), bind), bind))
                         if op.input_forget:
                             f_gate = _f32(1.0) - i_gate
                         else:
-                            f_gate = bind(f_act(pre(r, 2, jb, v, b.acc[a, 2, v] + (peep(2) * c_prev if peep else _f32(0.0)), bind), bind))
+                            f_gate = bind(f_act(pre(r, 2, jb, v, b.acc[a, 2, v] + peeped(2, c_prev), bind), bind))
                         c_new = bind(f_gate * c_prev + i_gate * g_act(pre(r, 3, jb, v, b.acc[a, 3, v], bind), bind))
-                        o_gate = bind(f_act(pre(r, 1, jb, v, b.acc[a, 1, v] + (peep(1) * c_new if peep else _f32(0.0)), bind), bind))
+                        o_gate = bind(f_act(pre(r, 1, jb, v, b.acc[a, 1, v] + peeped(1, c_new), bind), bind))
                         h_new = o_gate * h_act(c_new, bind)
                         T.buffer_store(b.c, keep_or(r, c_new, c_prev), [r, j])
                     elif op.op_type == "GRU":
