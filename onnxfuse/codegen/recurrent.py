@@ -5,9 +5,10 @@ then keeps the weights hot across steps. Here the whole sequence is one loop nes
 
     for each direction, for each tile of batch rows (4 rows, then the ragged rows one by one):
         projection: xp[t, row, :] = X[t, row] @ W^T + bias   for every step at once (a GEMM whose
-                    rows are (step, row) pairs, 4 at a time: W is read once per tile)
+                    rows are (step, row) pairs, 4 at a time, per tile of W's columns kept in L1)
         recurrence: for each step t (reversed for a reverse direction):
-                        for each block of `lanes` hidden units:
+                        for each block of `lanes` hidden units (snake order; at batch 1 up to 4
+                        blocks together when a block has under 4 gate vectors):
                             acc[row, gate, :] = h[row] @ R^T for every gate   (register tile)
                             the gate math of those units (activations, c and h updates) on acc
                         Y[t] = the new h (0 for rows whose sequence has ended)
@@ -72,7 +73,7 @@ class _ValueSlots:
     kernel. A load is kept, and LLVM turns the buffers back into registers.
 
     One region (a row's gate math in one vectorized loop) uses at most SLOTS values per dtype;
-    start() begins the next region, whose values may reuse the slots of the dead ones."""
+    binder() begins the next region, whose values reuse the slots of the last one's (dead) values."""
 
     SLOTS = 64
 
