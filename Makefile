@@ -57,7 +57,7 @@ clean:
 # Benchmarks (benchmarks/run.py): tables on stdout, JSON + markdown in benchmarks/results/.
 # bench-corpus times the exported corpus (benchmarks/corpus.py --time, docs/corpus.md);
 # corpus-check only optimizes and verifies it (exit 1 on a mismatch).
-.PHONY: bench-trees bench-cells bench-repeat bench-corpus corpus-check bench-install bench-peers bench-default
+.PHONY: bench-recurrent bench-trees bench-cells bench-repeat bench-corpus corpus-check bench-install bench-peers bench-default
 bench: install bench-install bench-corpus
 	$(BIN)/python benchmarks/run.py models
 	$(BIN)/python benchmarks/run.py repeat
@@ -88,6 +88,9 @@ bench-trees: install
 
 bench-cells: install
 	$(BIN)/python benchmarks/run.py cells
+
+bench-recurrent: install
+	$(BIN)/python benchmarks/run.py recurrent
 
 bench-repeat: install
 	$(BIN)/python benchmarks/run.py repeat

@@ -5,6 +5,7 @@
     python benchmarks/run.py cells    # how far a fused recurrent cell can go: its MatMuls alone timed too
     python benchmarks/run.py repeat   # cold compile time against the number of repeated layers
     python benchmarks/run.py peers    # models/ + the forest against IREE and OpenVINO (the bench extra), 1 thread
+    python benchmarks/run.py recurrent  # one ONNX LSTM / GRU op (sequence 32) against onnxruntime's own op
 
 Results go to benchmarks/results/ (JSON + a markdown table). Kernels are cached in
 .cache/bench-kernels, so a rerun compiles only what changed; generated models and fused outputs
@@ -87,6 +88,12 @@ CELL_GROUPS = BenchOptions(batches=(1, 64), threads=(1, 2), cache_dir=str(KERNEL
 EXPORTED_CELLS = ("lstm_cell_stacked_ts", "lstm_cell_stacked_dynamo", "gru_cell_ts", "gru_cell_dynamo")
 EXPORTED_CELLS_OPTIONS = BenchOptions(batches=(1, 64, 1000), threads=(1,), rounds=21, budget_seconds=8.0, tvm=False,
                                       cache_dir=str(KERNELS), select="auto")
+# One ONNX LSTM / GRU op over a whole sequence (32 steps, input 64, hidden 128; issue #21), as PyTorch
+# exports nn.LSTM / nn.GRU (GRU with linear_before_reset=1), and the ONNX-default GRU (reset first):
+# onnxfuse's sequence kernel (docs/recurrent.md) against onnxruntime's own op, 1 thread.
+RECURRENT_OPS = {"lstm_seq32": ("LSTM", 1), "gru_seq32": ("GRU", 1), "gru_seq32_reset_first": ("GRU", 0)}
+RECURRENT_OPTIONS = BenchOptions(batches=(1, 64, 1000), threads=(1,), rounds=21, budget_seconds=8.0, tvm=False,
+                                 cache_dir=str(KERNELS), select="auto")
 # The seed gate at the shapes a small cell has: [N, 10] @ [10, 30] -> Split -> Sigmoid/Tanh/Exp -> Mul/Add
 # (K = 10, and N = 30 is no multiple of the vector width).
 SEED_GATE = "lstm_gate_k10_n30"
@@ -138,6 +145,19 @@ def seed_gate_model() -> Path:
     return path
 
 
+def recurrent_op_models() -> dict[str, Path]:
+    """The one-op LSTM / GRU models of RECURRENT_OPS (written once)."""
+    paths = {}
+    for name, (op_type, linear_before_reset) in RECURRENT_OPS.items():
+        path = WORK / "models" / f"{name}.onnx"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            onnx.save_model(make_models_module().recurrent_op_model(op_type, linear_before_reset=linear_before_reset),
+                            str(path))
+        paths[name] = path
+    return paths
+
+
 def cell_paths() -> dict[str, Path]:
     """The recurrent cells `make bench-cells` sets against their MatMuls: the bundled ones, the
     seed gate at small K and N, and the exported corpus' PyTorch cells (when present)."""
@@ -176,6 +196,8 @@ def run_models() -> dict:
         path = MODELS / "exported" / f"{cell}.onnx"
         if path.is_file():
             bench_one(path, EXPORTED_CELLS_OPTIONS, results, failures)
+    for path in recurrent_op_models().values():
+        bench_one(path, RECURRENT_OPTIONS, results, failures)
     for path in sorted(LIGHT.glob("*.onnx")):
         bench_one(path, LIGHT_OPTIONS, results, failures)
     forest = benchmark_forest_models()
@@ -186,7 +208,8 @@ def run_models() -> dict:
     seconds = time.perf_counter() - started
     report = report_json(results, SMALL, {
         "sets": {"models/": SMALL.__dict__, "cells [session.run]": CELLS_RUN.__dict__,
-                 "exported cells and the seed gate": EXPORTED_CELLS_OPTIONS.__dict__, "light": LIGHT_OPTIONS.__dict__,
+                 "exported cells and the seed gate": EXPORTED_CELLS_OPTIONS.__dict__,
+                 "recurrent ops": RECURRENT_OPTIONS.__dict__, "light": LIGHT_OPTIONS.__dict__,
                  "forest 100x8": FOREST.__dict__, "cell groups": CELL_GROUPS.__dict__},
         "cell_groups": groups, "copy_bandwidth_gbs": copy_bandwidth_gbs(), "failures": failures,
         "seconds": round(seconds, 1)})
@@ -197,6 +220,20 @@ def run_models() -> dict:
     markdown = [format_table(results, markdown=True), peers_table(results, markdown=True),
                 format_compile_table(results, markdown=True), notes, f"```\n{rooflines}\n```"]
     write_results("latest", report, tables, markdown, seconds, failures)
+    return report
+
+
+def run_recurrent() -> dict:
+    """The one-op LSTM / GRU models alone (also part of `models`)."""
+    started = time.perf_counter()
+    results, failures = [], []
+    for path in recurrent_op_models().values():
+        bench_one(path, RECURRENT_OPTIONS, results, failures)
+    seconds = time.perf_counter() - started
+    report = report_json(results, RECURRENT_OPTIONS, {"failures": failures, "seconds": round(seconds, 1)})
+    tables = [format_table(results), format_compile_table(results), notes_text(results)]
+    markdown = [format_table(results, markdown=True), format_compile_table(results, markdown=True), notes_text(results)]
+    write_results("recurrent", report, tables, markdown, seconds, failures)
     return report
 
 
@@ -531,10 +568,10 @@ def repeat_table(rows: list[dict], markdown: bool = False) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("which", choices=["models", "trees", "cells", "repeat", "peers"])
+    parser.add_argument("which", choices=["models", "trees", "cells", "repeat", "peers", "recurrent"])
     args = parser.parse_args(argv)
     {"models": run_models, "trees": run_trees, "cells": run_cells, "repeat": run_repeat,
-     "peers": run_peers}[args.which]()
+     "peers": run_peers, "recurrent": run_recurrent}[args.which]()
 
 
 if __name__ == "__main__":

@@ -194,6 +194,27 @@ def gru_cell_model(input_size: int = 64, hidden: int = 64, seed: int = 2) -> onn
     return g.model(doc="GRU cell (linear_before_reset=1 style): n = tanh(xn + r*hn)")
 
 
+def recurrent_op_model(op_type: str, seq: int = 32, input_size: int = 64, hidden: int = 128,
+                       linear_before_reset: int = 1, seed: int = 3) -> onnx.ModelProto:
+    """One ONNX LSTM or GRU node over a static sequence, symbolic batch, outputs Y and Y_h (and Y_c):
+    the op as PyTorch exports nn.LSTM / nn.GRU (GRU with linear_before_reset=1, as PyTorch does).
+    Not written by main(): the benchmark builds it on demand."""
+    gates = {"LSTM": 4, "GRU": 3}[op_type]
+    rng = np.random.default_rng(seed)
+    g = GraphBuilder(f"{op_type.lower()}_seq")
+    x = g.add_input("X", TensorProto.FLOAT, [seq, BATCH, input_size])
+    w = g.const("W", _weights(rng, [1, gates * hidden, input_size], input_size))
+    r = g.const("R", _weights(rng, [1, gates * hidden, hidden], hidden))
+    b = g.const("B", (0.1 * rng.standard_normal([1, 2 * gates * hidden])).astype(np.float32))
+    outputs = ["Y", "Y_h", "Y_c"] if op_type == "LSTM" else ["Y", "Y_h"]
+    attrs = {"linear_before_reset": linear_before_reset} if op_type == "GRU" else {}
+    g.op(op_type, [x, w, r, b], outputs=outputs, hidden_size=hidden, **attrs)
+    g.add_output("Y", TensorProto.FLOAT, [seq, 1, BATCH, hidden])
+    for state in outputs[1:]:
+        g.add_output(state, TensorProto.FLOAT, [1, BATCH, hidden])
+    return g.model(doc=f"one {op_type} op: sequence {seq}, input {input_size}, hidden {hidden}")
+
+
 # ---------------------------------------------------------------------------
 # Tree ensembles (Hummingbird-style tensor programs and ONNX-ML)
 # ---------------------------------------------------------------------------

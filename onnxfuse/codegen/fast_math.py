@@ -34,15 +34,19 @@ _ROUNDER = 1.5 * 2**23 + 126
 _LOW, _HIGH = -126 * 0.6931471805599453, 89.0
 
 
-def fast_exp_value(x):
-    """exp of one float32 PrimExpr. NaN stays NaN, +inf gives inf, -inf gives 0."""
+def fast_exp_value(x, bind=lambda value: value):
+    """exp of one float32 PrimExpr. NaN stays NaN, +inf gives inf, -inf gives 0.
+
+    `bind` names an intermediate value where the caller can (the IR builder's T.Bind): the
+    expression reads x 18 times and its bits 2 times, and as a tree (not bound) LLVM's passes
+    take seconds on a few hundred of them in one block (the recurrent kernels' gate math)."""
     f32 = "float32"
     # Bound first: nan_propagation keeps max(bound, x) as is, which lets a NaN x through.
-    clamped = tvm.tirx.max(tvm.tirx.const(_LOW, f32), tvm.tirx.min(tvm.tirx.const(_HIGH, f32), x))
-    bits = tvm.tirx.reinterpret("int32", clamped * tvm.tirx.const(_LOG2E, f32) + tvm.tirx.const(_ROUNDER, f32))
+    clamped = bind(tvm.tirx.max(tvm.tirx.const(_LOW, f32), tvm.tirx.min(tvm.tirx.const(_HIGH, f32), x)))
+    bits = bind(tvm.tirx.reinterpret("int32", clamped * tvm.tirx.const(_LOG2E, f32) + tvm.tirx.const(_ROUNDER, f32)))
     # Through the bits, so no simplifier folds (a + K) - K back to a.
-    n = tvm.tirx.reinterpret(f32, bits) - tvm.tirx.const(_ROUNDER, f32)
-    r = clamped - n * tvm.tirx.const(_LN2_HI, f32) - n * tvm.tirx.const(_LN2_LO, f32)
+    n = bind(tvm.tirx.reinterpret(f32, bits) - tvm.tirx.const(_ROUNDER, f32))
+    r = bind(clamped - n * tvm.tirx.const(_LN2_HI, f32) - n * tvm.tirx.const(_LN2_LO, f32))
     poly = tvm.tirx.const(_TWICE_EXP_POLY[0], f32)
     for c in _TWICE_EXP_POLY[1:]:
         poly = poly * r + tvm.tirx.const(c, f32)

@@ -5,9 +5,10 @@ then keeps the weights hot across steps. Here the whole sequence is one loop nes
 
     for each direction, for each tile of batch rows (4 rows, then the ragged rows one by one):
         projection: xp[t, row, :] = X[t, row] @ W^T + bias   for every step at once (a GEMM whose
-                    rows are (step, row) pairs, 4 at a time: W is read once per tile)
+                    rows are (step, row) pairs, 4 at a time, per tile of W's columns kept in L1)
         recurrence: for each step t (reversed for a reverse direction):
-                        for each block of `lanes` hidden units:
+                        for each block of `lanes` hidden units (snake order; at batch 1 up to 4
+                        blocks together when a block has under 4 gate vectors):
                             acc[row, gate, :] = h[row] @ R^T for every gate   (register tile)
                             the gate math of those units (activations, c and h updates) on acc
                         Y[t] = the new h (0 for rows whose sequence has ended)
@@ -35,7 +36,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from ..errors import CompileError
-from ..kernel_spec import KernelSpec, TensorSpec
+from ..kernel_spec import KernelSpec, TensorSpec, level_kernel_name
 from ..target import Target
 from . import param_alignment, register_file
 from .compile import CompiledGroup, _stage, build_module, build_object
@@ -64,6 +65,39 @@ class _RegisterTile:
         T.buffer_store(self.rows[r], value, [g, v])
 
 
+class _ValueSlots:
+    """Names for the gate math's intermediate values: a value stored to a small stack buffer and
+    read back. T.Bind's let is not enough: TVM's simplifier substitutes every let whose value
+    reads no memory into its uses, which turned the activations (each exp reads its argument 18
+    times) into expression trees of millions of nodes, and TVM's passes took 20-130 s on one LSTM
+    kernel. A load is kept, and LLVM turns the buffers back into registers.
+
+    One region (a row's gate math in one vectorized loop) uses at most SLOTS values per dtype;
+    binder() begins the next region, whose values reuse the slots of the last one's (dead) values."""
+
+    SLOTS = 64
+
+    def __init__(self, lanes: int):
+        self.pools = {dtype: [T.alloc_buffer((lanes,), dtype) for _ in range(self.SLOTS)] for dtype in (F32, "int32")}
+        self.used = dict.fromkeys(self.pools, 0)
+
+    def binder(self, v):
+        """A fresh region at vector lane index v: bind(value) → the value, named."""
+        self.used = dict.fromkeys(self.pools, 0)
+
+        def bind(value):
+            dtype = str(value.ty.dtype)
+            slot = self.used[dtype]
+            if slot >= self.SLOTS:
+                raise CompileError(f"recurrent: the gate math names more than {self.SLOTS} {dtype} values")
+            self.used[dtype] = slot + 1
+            buffer = self.pools[dtype][slot]
+            T.buffer_store(buffer, value, [v])
+            return buffer[v]
+
+        return bind
+
+
 def _i64(value):
     return tvm.tirx.const(value, I64) if isinstance(value, int) else value
 
@@ -73,6 +107,7 @@ class _Buffers:
     x: object
     w_in: object
     w_rec: object
+    w_rec_h: object | None  # GRU without linear_before_reset: the h gate's R, a stream of its own
     b_in: object
     b_rec: object | None
     peep: object | None
@@ -89,6 +124,7 @@ class _Buffers:
     z: object = None  # and z, kept from the first phase, [TILE_ROWS, NB*V]
     acc: object = None  # the recurrence's register tile, [TILE_ROWS, G, V]
     acc_in: object = None  # the projection's register tile, [PROJECTION_ROWS, 4, V]
+    slots: object = None  # names of the gate math's values (_ValueSlots)
 
 
 class _KernelWriter:
@@ -117,7 +153,7 @@ class _KernelWriter:
                 T.func_attr({"tir.noalias": True})
                 handles = [T.arg(pname, T.handle()) for pname, _, _ in params]
                 bound = {pname: T.match_buffer(h, shape, dtype) for h, (pname, shape, dtype) in zip(handles, params)}
-                b = _Buffers(**{k: bound.get(k) for k in ("x", "w_in", "w_rec", "b_in", "b_rec", "peep", "seq_lens",
+                b = _Buffers(**{k: bound.get(k) for k in ("x", "w_in", "w_rec", "w_rec_h", "b_in", "b_rec", "peep", "seq_lens",
                                                           "init_h", "init_c", "y", "y_h", "y_c")})
                 hp = self.blocks * self.lanes
                 b.xp = T.alloc_buffer((self.steps * TILE_ROWS, self.blocks * self.gates, self.lanes), F32)
@@ -128,6 +164,7 @@ class _KernelWriter:
                     b.z = T.alloc_buffer((TILE_ROWS, hp), F32)
                 b.acc = _RegisterTile(TILE_ROWS, self.gates, self.lanes)
                 b.acc_in = _RegisterTile(PROJECTION_ROWS, 4, self.lanes)
+                b.slots = _ValueSlots(self.lanes)
                 if len(set(self.op.activations)) == 1:  # one loop over directions: half the code
                     with T.serial(_i64(0), _i64(len(self.op.directions))) as d:
                         self.batch_tiles(b, d)
@@ -183,47 +220,71 @@ class _KernelWriter:
 
     # -- the input projection -----------------------------------------------------------------
     def projection(self, b, d, row0, rows):
-        """xp[q] = X[t, row] @ W^T + b_in for q = t * rows + r: 4 q's at a time, then the rest."""
+        """xp[q] = X[t, row] @ W^T + b_in for q = t * rows + r: per tile of W's columns (its 16 KB
+        slice stays in L1 across the tile's pairs), 4 q's at a time, then the rest."""
         pairs = self.steps * rows
-        with T.serial(_i64(0), pairs // PROJECTION_ROWS) as quad:
-            self.projection_rows(b, d, row0, rows, quad * PROJECTION_ROWS, PROJECTION_ROWS)
-        with T.serial(pairs // PROJECTION_ROWS * PROJECTION_ROWS, pairs) as q:
-            self.projection_rows(b, d, row0, rows, q, 1)
+        with T.serial(_i64(0), _i64(self.packed.column_tiles)) as cb:
+            with T.serial(_i64(0), pairs // PROJECTION_ROWS) as quad:
+                self.projection_rows(b, d, row0, rows, cb, quad * PROJECTION_ROWS, PROJECTION_ROWS)
+            with T.serial(pairs // PROJECTION_ROWS * PROJECTION_ROWS, pairs) as q:
+                self.projection_rows(b, d, row0, rows, cb, q, 1)
 
-    def projection_rows(self, b, d, row0, rows, q0, count):
-        v_lanes, columns = self.lanes, self.blocks * self.gates
-        per_tile = next(n for n in (4, 3, 2, 1) if columns % n == 0)  # vectors per register tile
+    def projection_rows(self, b, d, row0, rows, cb, q0, count):
+        v_lanes, per_tile = self.lanes, self.packed.tile_vectors
         acc = b.acc_in
-        with T.serial(_i64(0), _i64(columns // per_tile)) as cb:
+        for q in range(count):
+            with T.unroll(_i64(0), _i64(per_tile)) as c:
+                with T.vectorized(_i64(0), _i64(v_lanes)) as v:
+                    acc.store(b.b_in[d, cb * per_tile + c, v], q, c, v)
+        with T.serial(_i64(0), _i64(self.op.input_size)) as k:
             for q in range(count):
+                pair = q0 + q
+                xk = self.x_at(b, pair // rows, row0 + pair % rows, k)
                 with T.unroll(_i64(0), _i64(per_tile)) as c:
                     with T.vectorized(_i64(0), _i64(v_lanes)) as v:
-                        acc.store(b.b_in[d, cb * per_tile + c, v], q, c, v)
-            with T.serial(_i64(0), _i64(self.op.input_size)) as k:
-                for q in range(count):
-                    pair = q0 + q
-                    xk = self.x_at(b, pair // rows, row0 + pair % rows, k)
-                    with T.unroll(_i64(0), _i64(per_tile)) as c:
-                        with T.vectorized(_i64(0), _i64(v_lanes)) as v:
-                            acc.store(acc[q, c, v] + xk * b.w_in[d, k, cb * per_tile + c, v], q, c, v)
-            for q in range(count):
-                with T.unroll(_i64(0), _i64(per_tile)) as c:
-                    with T.vectorized(_i64(0), _i64(v_lanes)) as v:
-                        T.buffer_store(b.xp, acc[q, c, v], [q0 + q, cb * per_tile + c, v])
+                        acc.store(acc[q, c, v] + xk * b.w_in[d, cb, k, c, v], q, c, v)
+        for q in range(count):
+            with T.unroll(_i64(0), _i64(per_tile)) as c:
+                with T.vectorized(_i64(0), _i64(v_lanes)) as v:
+                    T.buffer_store(b.xp, acc[q, c, v], [q0 + q, cb * per_tile + c, v])
 
     # -- one time step ------------------------------------------------------------------------
-    def recurrent_sum(self, b, d, rows, lhs, lhs_index, jb, gates, first_gate=0, start=None):
-        """acc[r, g] = lhs[r] @ R[gate first_gate + g]^T over the block jb's columns."""
-        for r in range(rows):
-            with T.unroll(_i64(0), _i64(gates)) as g:
-                with T.vectorized(_i64(0), _i64(self.lanes)) as v:
-                    b.acc.store(start(g, v) if start else _f32(0.0), r, g, v)
+    def span(self, rows: int, gates: int) -> int:
+        """Column blocks one register tile covers. At batch 1 a block's tile is only `gates`
+        vectors: for the GRU's phases (2 gates, then 1) and the RNN that is a chain of dependent
+        FMAs, 4 cycles each, so 2 or 4 blocks go together for 4 independent accumulators (GRU
+        without linear_before_reset, batch 1, kernel alone: 1.13x). LSTM (4 gates) and GRU (3)
+        keep one block: two blocks measured 0.93x (the step is bound by reading R from L2)."""
+        return next(s for s in (4, 2, 1) if s == 1 or (self.blocks % s == 0 and s * rows <= TILE_ROWS and s * rows * gates <= 4))
+
+    def recurrent_sum(self, b, d, rows, lhs, lhs_index, jbs, gates, first_gate=0, start=None):
+        """acc[s * rows + r, g] = lhs[r] @ R[gate first_gate + g]^T over the columns of block
+        jbs[s]."""
+        if b.w_rec_h is not None and first_gate == 2:
+            weight = (lambda jb, k, g, v: b.w_rec_h[d, jb, k, g, v])
+        else:
+            weight = (lambda jb, k, g, v: b.w_rec[d, jb, k, first_gate + g, v])
+        for s, jb in enumerate(jbs):
+            for r in range(rows):
+                with T.unroll(_i64(0), _i64(gates)) as g:
+                    with T.vectorized(_i64(0), _i64(self.lanes)) as v:
+                        b.acc.store(start(g, v, jb) if start else _f32(0.0), s * rows + r, g, v)
         with T.serial(_i64(0), _i64(self.op.hidden)) as k:
             for r in range(rows):
                 hk = lhs[lhs_index(r, k)]
-                with T.unroll(_i64(0), _i64(gates)) as g:
-                    with T.vectorized(_i64(0), _i64(self.lanes)) as v:
-                        b.acc.store(b.acc[r, g, v] + hk * b.w_rec[d, jb, k, first_gate + g, v], r, g, v)
+                for s, jb in enumerate(jbs):
+                    with T.unroll(_i64(0), _i64(gates)) as g:
+                        with T.vectorized(_i64(0), _i64(self.lanes)) as v:
+                            a = s * rows + r
+                            b.acc.store(b.acc[a, g, v] + hk * weight(jb, k, g, v), a, g, v)
+
+    def sweep_blocks(self, sweep, cur, span: int, reverse=False) -> list:
+        """The column blocks of the sweep's iteration, `span` at a time: forward on even steps,
+        backward on odd ones (reverse: the other way round), so a sweep starts on the blocks of R
+        the last one ended on, which are still in L1 (at batch 1 a step streams R from L2)."""
+        forward = (cur == 1) if reverse else (cur == 0)
+        group = tvm.tirx.Select(forward, sweep, self.blocks // span - 1 - sweep)
+        return [group * span + s for s in range(span)]
 
     def step(self, b, d, row0, rows, t, cur):
         op = self.op
@@ -231,13 +292,13 @@ class _KernelWriter:
         nxt = 1 - cur
         lanes, gates = self.lanes, self.gates
 
-        def pre(r, g, jb, v, value):
+        def pre(r, g, jb, v, value, bind):
             """A gate's pre-activation: value + the projected input, clipped (bound to a name:
             each value is computed once, however often the gate math reads it)."""
             total = value + b.xp[t * rows + r, jb * gates + g, v]
             if op.clip is not None:
                 total = tvm.tirx.max(_f32(-op.clip), tvm.tirx.min(_f32(op.clip), total))
-            return T.Bind(total)
+            return bind(total)
 
         def active(r):
             if b.seq_lens is None:
@@ -251,42 +312,50 @@ class _KernelWriter:
         h_prev = (lambda r, k: [cur, r, k])
         if op.op_type == "GRU" and not op.linear_before_reset:
             self.gru_reset_first_phase(b, d, rows, t, cur, pre, acts)
-        with T.serial(_i64(0), _i64(self.blocks)) as jb:
-            if op.op_type == "GRU" and not op.linear_before_reset:
-                self.recurrent_sum(b, d, rows, b.rh, lambda r, k: [r, k], jb, 1, first_gate=2)
+        reset_first = op.op_type == "GRU" and not op.linear_before_reset
+        span = self.span(rows, 1 if reset_first else gates)
+        with T.serial(_i64(0), _i64(self.blocks // span)) as sweep:
+            jbs = self.sweep_blocks(sweep, cur, span, reverse=reset_first)
+            if reset_first:
+                self.recurrent_sum(b, d, rows, b.rh, lambda r, k: [r, k], jbs, 1, first_gate=2)
             else:
-                start = (lambda g, v: tvm.tirx.Select(g == 2, b.b_rec[d, jb, v], _f32(0.0))) if b.b_rec is not None else None
-                self.recurrent_sum(b, d, rows, b.h, h_prev, jb, gates, start=start)
-            for r in range(rows):
+                start = (lambda g, v, jb: tvm.tirx.Select(g == 2, b.b_rec[d, jb, v], _f32(0.0))) if b.b_rec is not None else None
+                self.recurrent_sum(b, d, rows, b.h, h_prev, jbs, gates, start=start)
+            for s, jb, r in ((s, jb, r) for s, jb in enumerate(jbs) for r in range(rows)):
+                a = s * rows + r  # the register tile's row
                 with T.vectorized(_i64(0), _i64(lanes)) as v:
                     j = jb * lanes + v
-                    hp = T.Bind(b.h[cur, r, j])
+                    bind = b.slots.binder(v)
+                    hp = bind(b.h[cur, r, j])
                     if op.op_type == "LSTM":
                         f_act, g_act, h_act = acts
-                        c_prev = T.Bind(b.c[r, j])
-                        peep = (lambda which: b.peep[d, which, jb, v]) if b.peep is not None else None
-                        i_pre = pre(r, 0, jb, v, b.acc[r, 0, v] + (peep(0) * c_prev if peep else _f32(0.0)))
-                        i_gate = T.Bind(f_act(i_pre))
+                        c_prev = bind(b.c[r, j])
+
+                        def peeped(which, cell, jb=jb, v=v):
+                            """A gate's peephole term (0 without peepholes)."""
+                            return b.peep[d, which, jb, v] * cell if b.peep is not None else _f32(0.0)
+
+                        i_gate = bind(f_act(pre(r, 0, jb, v, b.acc[a, 0, v] + peeped(0, c_prev), bind), bind))
                         if op.input_forget:
                             f_gate = _f32(1.0) - i_gate
                         else:
-                            f_gate = T.Bind(f_act(pre(r, 2, jb, v, b.acc[r, 2, v] + (peep(2) * c_prev if peep else _f32(0.0)))))
-                        c_new = T.Bind(f_gate * c_prev + i_gate * g_act(pre(r, 3, jb, v, b.acc[r, 3, v])))
-                        o_gate = T.Bind(f_act(pre(r, 1, jb, v, b.acc[r, 1, v] + (peep(1) * c_new if peep else _f32(0.0)))))
-                        h_new = o_gate * h_act(c_new)
+                            f_gate = bind(f_act(pre(r, 2, jb, v, b.acc[a, 2, v] + peeped(2, c_prev), bind), bind))
+                        c_new = bind(f_gate * c_prev + i_gate * g_act(pre(r, 3, jb, v, b.acc[a, 3, v], bind), bind))
+                        o_gate = bind(f_act(pre(r, 1, jb, v, b.acc[a, 1, v] + peeped(1, c_new), bind), bind))
+                        h_new = o_gate * h_act(c_new, bind)
                         T.buffer_store(b.c, keep_or(r, c_new, c_prev), [r, j])
                     elif op.op_type == "GRU":
                         f_act, g_act = acts
                         if op.linear_before_reset:
-                            z_gate = T.Bind(f_act(pre(r, 0, jb, v, b.acc[r, 0, v])))
-                            r_gate = T.Bind(f_act(pre(r, 1, jb, v, b.acc[r, 1, v])))
-                            candidate = T.Bind(g_act(pre(r, 2, jb, v, r_gate * b.acc[r, 2, v])))
+                            z_gate = bind(f_act(pre(r, 0, jb, v, b.acc[a, 0, v], bind), bind))
+                            r_gate = bind(f_act(pre(r, 1, jb, v, b.acc[a, 1, v], bind), bind))
+                            candidate = bind(g_act(pre(r, 2, jb, v, r_gate * b.acc[a, 2, v], bind), bind))
                         else:
-                            z_gate = T.Bind(b.z[r, j])
-                            candidate = T.Bind(g_act(pre(r, 2, jb, v, b.acc[r, 0, v])))
+                            z_gate = bind(b.z[r, j])
+                            candidate = bind(g_act(pre(r, 2, jb, v, b.acc[a, 0, v], bind), bind))
                         h_new = (_f32(1.0) - z_gate) * candidate + z_gate * hp
                     else:
-                        h_new = acts[0](pre(r, 0, jb, v, b.acc[r, 0, v]))
+                        h_new = acts[0](pre(r, 0, jb, v, b.acc[a, 0, v], bind), bind)
                     T.buffer_store(b.h, keep_or(r, h_new, hp), [nxt, r, j])
         if b.y is not None:
             with T.serial(_i64(0), _i64(rows)) as r:
@@ -297,13 +366,17 @@ class _KernelWriter:
         """GRU without linear_before_reset: r multiplies h *before* the h gate's GEMM, so z and r
         of every unit come first (kept in b.z and b.rh = r * h_prev)."""
         f_act = acts[0]
-        with T.serial(_i64(0), _i64(self.blocks)) as jb:
-            self.recurrent_sum(b, d, rows, b.h, lambda r, k: [cur, r, k], jb, 2)
-            for r in range(rows):
+        span = self.span(rows, 2)
+        with T.serial(_i64(0), _i64(self.blocks // span)) as sweep:
+            jbs = self.sweep_blocks(sweep, cur, span)
+            self.recurrent_sum(b, d, rows, b.h, lambda r, k: [cur, r, k], jbs, 2)
+            for s, jb, r in ((s, jb, r) for s, jb in enumerate(jbs) for r in range(rows)):
+                a = s * rows + r
                 with T.vectorized(_i64(0), _i64(self.lanes)) as v:
                     j = jb * self.lanes + v
-                    T.buffer_store(b.z, f_act(pre(r, 0, jb, v, b.acc[r, 0, v])), [r, j])
-                    T.buffer_store(b.rh, f_act(pre(r, 1, jb, v, b.acc[r, 1, v])) * b.h[cur, r, j], [r, j])
+                    bind = b.slots.binder(v)
+                    T.buffer_store(b.z, f_act(pre(r, 0, jb, v, b.acc[a, 0, v], bind), bind), [r, j])
+                    T.buffer_store(b.rh, f_act(pre(r, 1, jb, v, b.acc[a, 1, v], bind), bind) * b.h[cur, r, j], [r, j])
 
 
 def _f32(value: float):
@@ -410,7 +483,12 @@ def compile_recurrent(model: onnx.ModelProto, name: str, target: Target, out_dir
     # onnxruntime's tensors are only element aligned: TVM's default 64-byte declaration would let
     # LLVM emit aligned vector loads that fault on them.
     func = param_alignment.element_aligned(kernel.func.with_attr("global_symbol", name))
-    level_funcs = [(level, {name: func}) for level in target.levels]
+    # One entry point per level, named as the library's table expects (the same name in every
+    # level's object made joining them fail: every portable build fell back).
+    level_funcs = []
+    for level in target.levels:
+        level_name = level_kernel_name(name, level.suffix, len(target.levels))
+        level_funcs.append((level, {level_name: func.with_attr("global_symbol", level_name)}))
     obj = _stage("build", stats, lambda: build_object(level_funcs, name, target, pathlib.Path(out_dir)))
     stats.update(kernel.stats)
     stats["isa_levels"] = ",".join(level.name for level in target.levels)

@@ -52,33 +52,39 @@ def _f32(value: float):
     return tvm.tirx.const(value, "float32")
 
 
-def fast_sigmoid(x):
-    return _f32(1.0) / (_f32(1.0) + fast_exp_value(-x))
+def _unbound(value):
+    return value
 
 
-def fast_tanh(x):
+def fast_sigmoid(x, bind=_unbound):
+    return _f32(1.0) / (_f32(1.0) + fast_exp_value(-x, bind))
+
+
+def fast_tanh(x, bind=_unbound):
     """tanh from the fast exp away from 0 (1 - 2 / (e^2|x| + 1), no cancellation there) and
-    from its Taylor series near 0, where that form would cancel."""
-    x2 = x * x
+    from its Taylor series near 0, where that form would cancel. `bind` names intermediates
+    (see fast_exp_value)."""
+    x = bind(x)
+    x2 = bind(x * x)
     series = _f32(_TANH_SERIES[-1])
     for c in reversed(_TANH_SERIES[:-1]):
         series = series * x2 + _f32(c)
-    magnitude = tvm.tirx.abs(x)
-    far = _f32(1.0) - _f32(2.0) / (fast_exp_value(magnitude * _f32(2.0)) + _f32(1.0))
+    magnitude = bind(tvm.tirx.abs(x))
+    far = bind(_f32(1.0) - _f32(2.0) / (fast_exp_value(magnitude * _f32(2.0), bind) + _f32(1.0)))
     signed = tvm.tirx.Select(x < _f32(0.0), -far, far)
     return tvm.tirx.Select(magnitude < _f32(_TANH_SERIES_BELOW), x * series, signed)
 
 
-# name → (alpha and beta it takes, their ONNX defaults, the function of x, alpha, beta)
+# name → (alpha and beta it takes, their ONNX defaults, the function of x, alpha, beta, bind)
 ACTIVATIONS = {
-    "Sigmoid": (0, (), lambda x, a, b: fast_sigmoid(x)),
-    "Tanh": (0, (), lambda x, a, b: fast_tanh(x)),
-    "Relu": (0, (), lambda x, a, b: tvm.tirx.Select(x > _f32(0.0), x, _f32(0.0))),
-    "HardSigmoid": (2, (0.2, 0.5), lambda x, a, b: tvm.tirx.max(_f32(0.0), tvm.tirx.min(_f32(1.0), _f32(a) * x + _f32(b)))),
-    "Affine": (2, (1.0, 0.0), lambda x, a, b: _f32(a) * x + _f32(b)),
-    "LeakyRelu": (1, (0.01,), lambda x, a, b: tvm.tirx.Select(x >= _f32(0.0), x, _f32(a) * x)),
-    "ScaledTanh": (2, (1.0, 1.0), lambda x, a, b: _f32(a) * fast_tanh(_f32(b) * x)),
-    "Softsign": (0, (), lambda x, a, b: x / (_f32(1.0) + tvm.tirx.abs(x))),
+    "Sigmoid": (0, (), lambda x, a, b, bind: fast_sigmoid(x, bind)),
+    "Tanh": (0, (), lambda x, a, b, bind: fast_tanh(x, bind)),
+    "Relu": (0, (), lambda x, a, b, bind: tvm.tirx.Select(x > _f32(0.0), x, _f32(0.0))),
+    "HardSigmoid": (2, (0.2, 0.5), lambda x, a, b, bind: tvm.tirx.max(_f32(0.0), tvm.tirx.min(_f32(1.0), _f32(a) * x + _f32(b)))),
+    "Affine": (2, (1.0, 0.0), lambda x, a, b, bind: _f32(a) * x + _f32(b)),
+    "LeakyRelu": (1, (0.01,), lambda x, a, b, bind: tvm.tirx.Select(x >= _f32(0.0), x, _f32(a) * x)),
+    "ScaledTanh": (2, (1.0, 1.0), lambda x, a, b, bind: _f32(a) * fast_tanh(_f32(b) * x, bind)),
+    "Softsign": (0, (), lambda x, a, b, bind: x / (_f32(1.0) + tvm.tirx.abs(x))),
 }
 
 
@@ -88,8 +94,9 @@ class Activation:
     alpha: float = 0.0
     beta: float = 0.0
 
-    def __call__(self, x):
-        return ACTIVATIONS[self.name][2](x, self.alpha, self.beta)
+    def __call__(self, x, bind=_unbound):
+        """The activation of x; `bind` names intermediate values (the kernel passes T.Bind)."""
+        return ACTIVATIONS[self.name][2](x, self.alpha, self.beta, bind)
 
 
 def _activations(op_type: str, attrs: dict, directions: int) -> tuple[tuple[Activation, ...], ...]:
@@ -228,8 +235,12 @@ class PackedWeights:
     """The weights in the order the kernel streams them, hidden columns padded to whole vectors
     (`lanes` wide) with zeros, so padded columns stay 0 and never reach a real one:
 
-    w_in   [D, I, NB*G, V]   input projection: row k holds every gate's columns, block-major
+    w_in   [D, CT, I, TV, V] input projection, per tile of TV column vectors (the NB*G vectors
+                             of every gate's columns, block-major, cut in CT tiles): one tile's
+                             rows are contiguous, so its slice stays in L1 while it is used
     w_rec  [D, NB, H, G, V]  recurrent weights: one column block's stream is contiguous
+                             (GRU without linear_before_reset: G = 2, z and r, and
+    w_rec_h [D, NB, H, 1, V]  the h gate's, read in a phase of their own)
     b_in   [D, NB*G, V]      bias added to the input projection (Wb + Rb, except GRU's Rbh
                              under linear_before_reset, which r multiplies)
     b_rec  [D, NB, V]        GRU's Rbh when linear_before_reset (else absent)
@@ -239,6 +250,11 @@ class PackedWeights:
     arrays: dict[str, np.ndarray]
     blocks: int  # NB: column blocks of `lanes` hidden units
     lanes: int
+    tile_vectors: int  # TV: column vectors per projection tile (the register tile's width)
+
+    @property
+    def column_tiles(self) -> int:
+        return self.arrays["w_in"].shape[1]
 
 
 def pack_weights(op: RecurrentOp, lanes: int) -> PackedWeights:
@@ -253,12 +269,15 @@ def pack_weights(op: RecurrentOp, lanes: int) -> PackedWeights:
         padded[:, :, :h, :] = matrix.reshape(d, g, h, k)
         return padded.reshape(d, g, nb, lanes, k).transpose(0, 4, 2, 1, 3)
 
-    w_in = np.ascontiguousarray(gate_columns(op.weights["W"]).reshape(d, i, nb * g, lanes))
+    tile = projection_tile_vectors(nb * g)
+    w_in = gate_columns(op.weights["W"]).reshape(d, i, nb * g // tile, tile, lanes).transpose(0, 2, 1, 3, 4)
     w_rec = np.ascontiguousarray(gate_columns(op.weights["R"]).transpose(0, 2, 1, 3, 4))
     bias = op.weights.get("B", np.zeros((d, 2 * g * h), np.float32))
     wb, rb = bias[:, : g * h].reshape(d, g, h), bias[:, g * h:].reshape(d, g, h)
     b_in = wb + rb
     arrays = {"w_in": w_in, "w_rec": w_rec}
+    if op.op_type == "GRU" and not op.linear_before_reset:
+        arrays["w_rec"], arrays["w_rec_h"] = w_rec[:, :, :, :2], w_rec[:, :, :, 2:]
     if op.op_type == "GRU" and op.linear_before_reset:
         b_in = b_in.copy()
         b_in[:, 2] = wb[:, 2]
@@ -266,7 +285,13 @@ def pack_weights(op: RecurrentOp, lanes: int) -> PackedWeights:
     arrays["b_in"] = _blocked(b_in, nb, lanes).transpose(0, 2, 1, 3).reshape(d, nb * g, lanes).copy()
     if op.has_peepholes:
         arrays["peep"] = _blocked(op.weights["P"].reshape(d, 3, h), nb, lanes)
-    return PackedWeights({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in arrays.items()}, nb, lanes)
+    return PackedWeights({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in arrays.items()}, nb, lanes, tile)
+
+
+def projection_tile_vectors(columns: int) -> int:
+    """Vectors per projection register tile: 4 (4 (step, row) pairs x 4 = 16 accumulators), or
+    the largest smaller divisor of the column vectors."""
+    return next(n for n in (4, 3, 2, 1) if columns % n == 0)
 
 
 def _blocked(per_gate: np.ndarray, nb: int, lanes: int) -> np.ndarray:
