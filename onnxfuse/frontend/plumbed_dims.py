@@ -102,13 +102,18 @@ def _is_inferred(dim) -> bool:
 
 
 def _write_dims(value: ir.Value, dims: list[Dim]) -> bool:
-    """Write the known dims of `dims` where `value`'s are unknown or onnx-named; False if none was."""
+    """Write the known dims of `dims` where `value`'s are unknown or onnx-named; False if none was.
+
+    A name onnx gave (`unk__N`) is never written: onnx names afresh each round, and writing its
+    names back would keep the fixed point from settling."""
     current = list(value.shape) if value.shape is not None else [None] * len(dims)
     if len(current) != len(dims):
         return False  # a rank onnx disagrees with: leave it
     new, changed = [], False
     for old, dim in zip(current, dims):
         old_dim = old if isinstance(old, int) else (old.value if isinstance(old, ir.SymbolicDim) else None)
+        if isinstance(dim, str) and dim.startswith(INFERRED_SYMBOL_PREFIX):
+            dim = None
         if dim is not None and _is_inferred(old) and old_dim != dim:
             new.append(dim)
             changed = True
@@ -242,9 +247,9 @@ def _carry(node: ir.Node, index: int, value: ir.Value, axis: int, symbol: str, k
                 position += 1
         return [(out, position)], False
     if op in BROADCAST_OPS:
-        out_rank = max(len(v.shape) for v in node.inputs if v is not None and v.shape is not None)
         if any(v is not None and v.shape is None for v in node.inputs):
             return [], False
+        out_rank = max(len(v.shape) for v in node.inputs if v is not None)
         aligned = axis + out_rank - rank
         for other_index, other in enumerate(node.inputs):
             if other is None or other_index == index or other is value:
