@@ -117,7 +117,7 @@ def test_one_unknown_element_becomes_minus_one():
 
 def test_torch_jit_expand_pattern_becomes_a_constant():
     """`x.expand(x.size(0), -1)` as torch.jit writes it: Expand(x, Where(Equal(shape, -1), 1, shape)).
-    The target is [N, 1] with N x's own axis 0, so Expand(x, [1, 1]) is the same."""
+    The target is [N, 1] with N x's own axis 0, so Expand(x, [1, 1]) is the same, and that is x."""
     m = model(
         [
             node("Shape", ["x"], "s"),
@@ -133,10 +133,25 @@ def test_torch_jit_expand_pattern_becomes_a_constant():
         {"zero": np.array(0, dtype=np.int64), "axes0": const_i64(0), "m1": const_i64(-1),
          "m1s": const_i64(-1, -1), "ones": const_i64(1, 1)},
     )
-    after = canonicalize(m)
-    assert op_types(after) == ["Expand", "Relu"]
-    assert initializers(after)[after.graph.node[0].input[1]].tolist() == [1, 1]
+    after, modified = apply(ResolveShapePlumbingPass(), with_shapes(m))
+    assert modified and "Expand" not in op_types(after)
     assert_same_outputs(m, after, SIZES)
+    after = canonicalize(m)
+    assert op_types(after) == ["Relu"]
+    assert_same_outputs(m, after, SIZES)
+
+
+def test_an_expand_to_ones_is_its_input_unless_it_adds_axes():
+    def expand_model(target):
+        return model([node("Expand", ["x", "t"], "e"), node("Relu", ["e"], "y")],
+                     {"x": ("N", 3)}, ["y"], {"t": const_i64(*target)})
+
+    after, modified = apply(ResolveShapePlumbingPass(), with_shapes(expand_model([1, 1])))
+    assert modified and op_types(after) == ["Relu"]
+    assert_same_outputs(expand_model([1, 1]), after, SIZES)
+    for kept in ([1, 1, 1], [2, 1]):  # adds an axis; broadcasts N to 2
+        after, modified = apply(ResolveShapePlumbingPass(), with_shapes(expand_model(kept)))
+        assert not modified and op_types(after) == ["Expand", "Relu"]
 
 
 def test_slice_to_int64_max_from_zero_is_dropped():

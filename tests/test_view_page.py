@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxfuse_cli.main import main
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
-BERT = MODELS / "exported" / "bert_tiny_24l_ts.onnx"  # the corpus's largest: 2,073 nodes as exported, 1,049 canonical
+BERT = MODELS / "exported" / "bert_tiny_24l_ts.onnx"  # the corpus's largest: 2,073 nodes as exported, 871 canonical
 BRANCHY = MODELS / "exported" / "branchy_cell_ts.onnx"  # groups inside If branches
 
 pytestmark = [
@@ -111,7 +111,7 @@ def test_corpus_page_draws_every_group_and_unfused_node(bert, profile, proxy):
     groups, _, unfused = expected_drawing(plan)  # the DOM as Chromium left it: the collapsed view
     assert set(re.findall(r'<g class="box group[^"]*" data-id="[^"]*" data-group="([^"]+)"', dom)) == groups
     assert set(re.findall(r'<g class="box unfused[^"]*" data-id="([^"]+)"', dom)) == unfused
-    assert plan["node_count"] >= 800 and len(plan["groups"]) > 50 and len(plan["unfused"]) > 200
+    assert plan["node_count"] >= 800 and len(plan["groups"]) > 50 and len(plan["unfused"]) > 150
     assert record["start"] == "collapsed"
     assert record["views"]["plan"]["boxes"] >= plan["node_count"]  # every node, plus the model's inputs and outputs
     group = next(g for g in plan["groups"] if g["name"] == "group_9")

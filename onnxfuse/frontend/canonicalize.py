@@ -12,7 +12,8 @@ The passes, in order (each file states its guarantee):
 4. to a fixed point: shape inference afresh (`infer_shapes.py`, with `ml_shapes.py` for the
    ai.onnx.ml ops onnx gives no shape), Casts to the dtype their input has removed
    (`drop_noop_casts.py`), constant-only nodes folded (`fold_constants.py`), shape plumbing
-   resolved (`shape_plumbing.py`), dead nodes and initializers removed (onnx-ir's
+   resolved (`shape_plumbing.py`), dims sized by that plumbing named where exact
+   (`plumbed_dims.py`), dead nodes and initializers removed (onnx-ir's
    RemoveUnusedNodesPass).
 
 Everything works on onnx-ir's in-memory model; the loader hands in and gets back a ModelProto.
@@ -36,6 +37,7 @@ from .fold_constants import MAX_FOLDED_ELEMENTS, FoldConstantsPass
 from .infer_shapes import InferShapesPass
 from .lift_constants import LiftConstantsPass
 from .name_input_dims import NameUnknownInputDimsPass
+from .plumbed_dims import NamePlumbedDimsPass
 from .shape_plumbing import ResolveShapePlumbingPass
 from .sparse_constants import densify_sparse_constants, has_sparse_tensors
 
@@ -50,6 +52,7 @@ def canonical_passes(max_folded_elements: int = MAX_FOLDED_ELEMENTS) -> ir.passe
             DropNoOpCastsPass(),
             FoldConstantsPass(max_folded_elements),
             ResolveShapePlumbingPass(),
+            NamePlumbedDimsPass(),
             RemoveUnusedNodesPass(),
         ],
         steps=MAX_ROUNDS,

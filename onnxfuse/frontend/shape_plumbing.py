@@ -11,7 +11,9 @@ Rules (numbers referred to in the code):
    The shape is then a constant. With allowzero=1 (the dynamo exporter writes it) the same,
    made allowzero=0, when no number in `s` is 0: then the two differ only on a zero-size axis.
 3. `Expand(x, s)` where each element of `s` is a number or surely the size of `x`'s aligned
-   axis: those elements become 1 (broadcasting a dim against 1 gives the dim).
+   axis: those elements become 1 (broadcasting a dim against 1 gives the dim). An Expand whose
+   target is all 1s and not longer than `x`'s rank is `x` (TVM's importer cannot take a constant
+   target with a symbolic `x`).
 4. `Slice` on an axis with step 1 from 0 to an end at or past the axis's end (a known size, or
    INT64_MAX) does nothing on that axis: the axis is dropped; a Slice left with no axis is its
    input. Ends past a known size are clamped to it.
@@ -46,6 +48,7 @@ class ResolveShapePlumbingPass(ir.passes.InPlacePass):
                 modified |= _constant_reshape(graph, node, known, taken)
             elif node.op_type == "Expand":
                 modified |= _constant_expand(graph, node, known, taken)
+                modified |= _drop_noop_expand(graph, node)
             elif node.op_type == "Slice":
                 modified |= _simplify_slice(graph, node, taken)
         for value, content in known.items():  # rule 1
@@ -106,6 +109,19 @@ def _constant_expand(graph: ir.Graph, node: ir.Node, known: dict, taken: set[str
             return False
     new_shape = add_initializer(graph, f"{shape.name}__const", np.array(resolved, dtype=np.int64), taken)
     node.replace_input_with(1, new_shape)
+    return True
+
+
+def _drop_noop_expand(graph: ir.Graph, node: ir.Node) -> bool:
+    """Rule 3's second half."""
+    data, output = node.inputs[0], node.outputs[0]
+    target = constant_ints(node.inputs[1]) if len(node.inputs) > 1 else None
+    if data is None or data.shape is None or target is None or output.is_graph_output():
+        return False
+    if len(target) > len(data.shape) or any(e != 1 for e in target) or output.dtype != data.dtype:
+        return False
+    output.replace_all_uses_with(data)
+    graph.remove(node, safe=True)
     return True
 
 

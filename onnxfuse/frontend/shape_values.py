@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from .tensors import constant_ints
+from .tensors import constant_array
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,14 @@ class ShapeValue:
         return all(isinstance(e, int) for e in self.elements)
 
 
+def constant_content(value: ir.Value) -> ShapeValue | None:
+    """A small integer or boolean constant (a folded `Equal(shape, -1)` is boolean) as a ShapeValue."""
+    array = constant_array(value)
+    if array is None or value.shape is None or array.dtype.kind not in "iub" or array.ndim > 1 or array.size > 64:
+        return None
+    return ShapeValue(tuple(int(v) for v in array.reshape(-1)), scalar=array.ndim == 0)
+
+
 def dim_element(value: ir.Value, axis: int) -> Element:
     dim = value.shape[axis]
     if isinstance(dim, int):
@@ -63,10 +71,7 @@ def shape_values(graph: ir.Graph) -> dict[ir.Value, ShapeValue]:
             return None
         if value in known:
             return known[value]
-        ints = constant_ints(value)
-        if ints is None or value.shape is None:
-            return None
-        return ShapeValue(tuple(ints), scalar=len(value.shape) == 0)
+        return constant_content(value)
 
     for node in graph:
         if node.domain not in ("", "ai.onnx") or not node.outputs:
