@@ -187,7 +187,9 @@ def _slice_dims(node: ir.Node, known: dict[ir.Value, ShapeValue], live: set[ir.N
     dims: list[Dim] = [None if axis in axes else dim for axis, dim in enumerate(data_dims)]
     starts, ends = _content(node.inputs[1], known), _content(node.inputs[2], known)
     steps = constant_ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1] * len(axes)
-    if starts is None or ends is None or steps is None or not len(starts.elements) == len(ends.elements) == len(steps) == len(axes):
+    if starts is None or ends is None or steps is None:
+        return dims
+    if not len(starts.elements) == len(ends.elements) == len(steps) == len(axes):
         return dims
     for i, axis in enumerate(axes):
         end, size = ends.elements[i], data_dims[axis]
