@@ -214,17 +214,19 @@ static int64_t total_rank(const tensor_desc *tensors, int32_t count) {
 
 /* ---- Kernel instances -------------------------------------------------------------------------
  * One per node of a session. Inputs that are constant initializers (weights; a tree kernel's
- * node tables are 7 to 22 of its inputs) cannot change between calls, so their element type and
- * dims are checked once, here; each call then only fetches their data pointer. Asking onnxruntime
- * for a tensor's type and shape allocates an info object and takes five more calls: for a
- * 19-input tree kernel at batch 1 that was more time than the tree walk (docs/runtime.md).
+ * node tables are 7 or 18 of its inputs) cannot change between calls, so their element type and
+ * dims are checked once, here, and their data pointer kept: each call binds them without asking
+ * onnxruntime anything. Asking for a tensor's type and shape allocates an info object and takes
+ * five more calls: for a 19-input tree kernel at batch 1 that was as long as the tree walk
+ * (docs/runtime.md). The pointer is the session's own initializer buffer, alive and in place for
+ * the session's lifetime (custom ops cannot pre-pack, the one way onnxruntime swaps a buffer).
  * An input qualifies only if every dim of it is static in the table (its shape is then the
  * table's) and it passes the check; one that fails is left to the per-call check, which
  * reports it as before. Nothing here changes after creation, so calls may run concurrently. */
 typedef struct {
     const kernel_desc *kernel;
     size_t frame_bytes;       /* what one call's frame takes */
-    unsigned char constant[]; /* per input: 1 = a constant initializer, already checked */
+    void **constant_data;     /* per input: a checked constant's data, else NULL */
 } kernel_instance;
 
 static OrtStatus *read_input(const kernel_desc *k, int32_t index, const OrtValue *value, int64_t *dims);
@@ -235,23 +237,26 @@ static int all_dims_static(const tensor_desc *desc) {
     return 1;
 }
 
-/* Whether input `index` is a constant initializer with the table's element type and dims. */
-static int is_checked_constant(const kernel_desc *k, const OrtKernelInfo *info, int32_t index) {
+/* Input `index`'s data if it is a constant initializer with the table's element type and dims,
+ * else NULL. */
+static void *checked_constant(const kernel_desc *k, const OrtKernelInfo *info, int32_t index) {
     const tensor_desc *desc = &k->inputs[index];
-    if (!all_dims_static(desc)) return 0;
+    if (!all_dims_static(desc)) return NULL;
     int is_constant = 0;
     const OrtValue *value = NULL;
     OrtStatus *status = ORT_API_FN(ort, KernelInfoGetConstantInput_tensor)(info, (size_t)index, &is_constant, &value);
-    if (!status && (!is_constant || !value)) return 0;
+    if (!status && (!is_constant || !value)) return NULL;
     int64_t dims[desc->rank > 0 ? desc->rank : 1];
+    void *data = NULL;
     if (!status) status = read_input(k, index, value, dims);
+    if (!status) status = ORT_API_FN(ort, GetTensorMutableData)((OrtValue *)value, &data);
     if (status) {
         ORT_API_FN(ort, ReleaseStatus)(status);
-        return 0;
+        return NULL;
     }
     for (int32_t d = 0; d < desc->rank; d++)
-        if (dims[d] != desc->dims[d]) return 0;
-    return 1;
+        if (dims[d] != desc->dims[d]) return NULL;
+    return data;
 }
 
 /* ---- Compute ------------------------------------------------------------------------------------
@@ -359,13 +364,12 @@ static OrtStatus *bind_inputs(const kernel_instance *instance, OrtKernelContext 
     for (int32_t i = 0; i < k->num_inputs; i++) {
         const OrtValue *value = NULL;
         void *data = NULL;
-        if ((status = ORT_API_FN(ort, KernelContext_GetInput)(ctx, (size_t)i, &value))) return status;
-        if (!value) return fail(ORT_INVALID_ARGUMENT, k, "input %d is missing", i);
-        if (instance->constant[i]) { /* checked at creation; its dims are the table's */
-            if ((status = ORT_API_FN(ort, GetTensorMutableData)((OrtValue *)value, &data))) return status;
-            describe_tensor(&frame->tensors[i], &k->inputs[i], (int64_t *)k->inputs[i].dims, data);
+        if (instance->constant_data[i]) { /* checked at creation; its dims are the table's */
+            describe_tensor(&frame->tensors[i], &k->inputs[i], (int64_t *)k->inputs[i].dims, instance->constant_data[i]);
             continue;
         }
+        if ((status = ORT_API_FN(ort, KernelContext_GetInput)(ctx, (size_t)i, &value))) return status;
+        if (!value) return fail(ORT_INVALID_ARGUMENT, k, "input %d is missing", i);
         if ((status = read_input(k, i, value, shape))) return status;
         if ((status = match_dims(k, i, shape, frame))) return status;
         if ((status = ORT_API_FN(ort, GetTensorMutableData)((OrtValue *)value, &data))) return status;
@@ -618,11 +622,12 @@ static int op_since_version(const OrtCustomOp *op) { (void)op; return DOMAIN_VER
 static OrtStatus *op_create_kernel(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **kernel) {
     (void)api;
     const kernel_desc *k = registered(op)->kernel;
-    kernel_instance *instance = calloc(1, sizeof(kernel_instance) + (size_t)k->num_inputs);
+    kernel_instance *instance = calloc(1, sizeof(kernel_instance) + (size_t)k->num_inputs * sizeof(void *));
     if (!instance) return fail(ORT_FAIL, k, "out of memory");
     instance->kernel = k;
     instance->frame_bytes = frame_bytes(k);
-    for (int32_t i = 0; i < k->num_inputs; i++) instance->constant[i] = (unsigned char)is_checked_constant(k, info, i);
+    instance->constant_data = (void **)(instance + 1);
+    for (int32_t i = 0; i < k->num_inputs; i++) instance->constant_data[i] = checked_constant(k, info, i);
     *kernel = instance;
     return NULL;
 }
