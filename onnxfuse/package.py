@@ -58,6 +58,7 @@ def _rewrite_graph(g: onnx.GraphProto, graph: Graph, scope: str,
                 body_proto = next(a.g for a in g.node[node.index].attribute if a.name == attribute)
                 _rewrite_graph(body_proto, body, path, by_scope)
     extra_inits = _replace_groups(g, graph, by_scope[scope]) if scope in by_scope else []
+    _drop_unread_nodes(g)
     used = {i for n in g.node for i in _reads(n)} | {o.name for o in g.output}
     dropped = {t.name for t in g.initializer if t.name not in used}
     for position in reversed([k for k, t in enumerate(g.initializer) if t.name in dropped]):
@@ -164,6 +165,19 @@ def _reads(node: onnx.NodeProto) -> set[str]:
             for n in sub.node:
                 names |= _reads(n)
     return names
+
+
+def _drop_unread_nodes(g: onnx.GraphProto) -> None:
+    """Remove nodes whose results nothing reads, transitively: the ones that fed only a group's
+    computed shape, which its kernel now rebuilds itself (fusion/rebuilt_shapes.py), would still
+    run in onnxruntime. (The front end already dropped what the model itself left unread.)"""
+    while True:
+        read = {i for n in g.node for i in _reads(n)} | {o.name for o in g.output}
+        kept = [n for n in g.node if read & set(n.output)]
+        if len(kept) == len(g.node):
+            return
+        del g.node[:]
+        g.node.extend(kept)
 
 
 def _drop_unused(g: onnx.GraphProto, used: set[str], dropped: set[str]) -> None:

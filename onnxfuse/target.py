@@ -92,8 +92,9 @@ class Target:
     def arch(self) -> str:
         return self.triple.split("-")[0]
 
-    def tvm_target(self, level: IsaLevel | None = None):
-        """The TVM target object of `level` (default: the best one). TVM 0.27 takes dicts only."""
+    def tvm_target(self, level: IsaLevel | None = None, llvm_options: tuple[str, ...] = ()):
+        """The TVM target object of `level` (default: the best one), with LLVM command-line
+        options for its code generation if given. TVM 0.27 takes dicts only."""
         import tvm
 
         level = level or self.levels[0]
@@ -102,6 +103,8 @@ class Target:
             spec["mcpu"] = level.mcpu
         if level.mattr:
             spec["mattr"] = list(level.mattr)
+        if llvm_options:
+            spec["cl-opt"] = list(llvm_options)
         return tvm.target.Target(spec)
 
     @property

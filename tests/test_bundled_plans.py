@@ -23,8 +23,11 @@ EXPECTED = {
     "perf_tree_trav_d8": ([72], 0),
     "transformer_mlp": ([9, 7, 3], 0),
     "tree_ensemble_d8": ([], 1),  # one ONNX-ML TreeEnsemble op: opaque
-    "tree_trav_d3": ([44], 4),  # the 4 left compute the index's shape (its 3 int64→int64 Casts are dropped)
-    "tree_trav_d8": ([109], 4),  # and its 8
+    # The 3 left (Shape → Slice → Concat) compute the Expand's target, which the kernel rebuilds
+    # from X's dims: the written model drops them (fusion/rebuilt_shapes.py). Its int64→int64
+    # Casts (3 at depth 3, 8 at depth 8) are dropped by the front end.
+    "tree_trav_d3": ([45], 3),
+    "tree_trav_d8": ([110], 3),
 }
 
 

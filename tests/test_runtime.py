@@ -305,6 +305,55 @@ def test_calls_without_the_pool_run_the_serial_variant(tmp_path, row_work, seria
             np.testing.assert_allclose(y, 3 * x + (1 if serial_runs else 0), rtol=1e-6)
 
 
+# ---- Constant inputs: checked once, read every call ----------------------------------------------
+def scale_add_with_weight(directory, name, weight, overridable):
+    """scale_add(a, w) with `w` an initializer: a constant one, or (`overridable`) also a graph
+    input, which a feed may replace with another tensor on any call."""
+    model = onnx.load(str(write_model(directory, name, "scale_add", [("a", F32, [4, 8]), ("w", F32, None)],
+                                      [("c", F32, None)])))
+    model.graph.initializer.append(onnx.numpy_helper.from_array(weight, "w"))
+    if not overridable:
+        model.graph.input.pop()
+    path = directory / f"{name}.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_constant_input_is_read_on_every_call(build):
+    directory, library, _ = build
+    weight = np.arange(32, dtype=np.float32).reshape(4, 8)
+    model = scale_add_with_weight(directory, "constant_weight", weight, overridable=False)
+    rng = np.random.default_rng(6)
+    for sess in sessions(model, library):
+        for _ in range(3):
+            a = rng.standard_normal((4, 8), dtype=np.float32)
+            np.testing.assert_allclose(sess.run(None, {"a": a})[0], a + 2 * weight, rtol=1e-6)
+
+
+def test_an_overridable_initializer_is_checked_on_every_call(build):
+    """An initializer that is also a graph input is no constant: a feed replaces it, and a feed of
+    the wrong shape is refused like any other input."""
+    directory, library, _ = build
+    weight = np.ones((4, 8), np.float32)
+    model = scale_add_with_weight(directory, "overridable_weight", weight, overridable=True)
+    a = np.full((4, 8), 0.5, np.float32)
+    for sess in sessions(model, library):
+        np.testing.assert_allclose(sess.run(None, {"a": a})[0], a + 2 * weight, rtol=1e-6)
+        other = np.full((4, 8), 3.0, np.float32)
+        np.testing.assert_allclose(sess.run(None, {"a": a, "w": other})[0], a + 2 * other, rtol=1e-6)
+        with pytest.raises(Exception, match=r"scale_add.*input 1 dim 1 is 9, expected 8"):
+            sess.run(None, {"a": a, "w": np.ones((4, 9), np.float32)})
+        np.testing.assert_allclose(sess.run(None, {"a": a})[0], a + 2 * weight, rtol=1e-6)
+
+
+def test_a_constant_input_of_the_wrong_shape_is_refused_when_run(build):
+    directory, library, _ = build
+    model = scale_add_with_weight(directory, "misshapen_weight", np.ones((4, 9), np.float32), overridable=False)
+    for sess in sessions(model, library):
+        with pytest.raises(Exception, match=r"scale_add.*input 1 dim 1 is 9, expected 8"):
+            sess.run(None, {"a": GOOD})
+
+
 # ---- Errors: a clear exception, and the session keeps working -----------------------------------
 @pytest.fixture(scope="module")
 def loose_elementwise(build):

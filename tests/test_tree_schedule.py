@@ -16,7 +16,7 @@ from tvm import s_tir
 
 import onnxfuse
 from onnxfuse.codegen import relax_import, schedule, tir_walk, tree_schedule
-from onnxfuse.codegen.compile import compile_group
+from onnxfuse.codegen.compile import compile_group, llvm_options
 from onnxfuse.frontend.loader import load_model
 from onnxfuse.fusion.extract import extract_group
 from onnxfuse.fusion.plan import plan_fusion
@@ -176,3 +176,14 @@ def test_random_forests_match_onnxruntime(tmp_path, cache, program, shape):
         x = np.random.default_rng(batch).standard_normal((batch, n_features)).astype(np.float32)
         expected, actual = run_both(source, tmp_path / "forest.fused.onnx", {"X": x})
         assert_outputs_match(expected, actual)
+
+
+def test_tree_kernels_are_built_without_x86_cmov_conversion(tmp_path, cache):
+    """A tree walk's child select is on data no predictor guesses: its kernel keeps cmovs on
+    x86-64 (codegen/compile.py); the flag is x86's own, so aarch64 builds never get it, and
+    other kernels keep LLVM's default."""
+    result = onnxfuse.optimize(MODELS / "tree_trav_d3.onnx", tmp_path / "t.fused.onnx", cache_dir=cache, jobs=1)
+    (group,) = result.report["groups"]
+    assert group["stats"]["llvm_options"] == "-x86-cmov-converter=false"
+    assert llvm_options(resolve_target("aarch64"), gather_chain=True) == ()
+    assert llvm_options(resolve_target("x86_64"), gather_chain=False) == ()

@@ -119,19 +119,20 @@ def build_module(funcs: dict, tvm_target):
         return tvm.compile(tvm.IRModule(fenced), target=tvm_target)
 
 
-def build_object(level_funcs: list, name: str, target: Target, out_dir: pathlib.Path) -> pathlib.Path:
+def build_object(level_funcs: list, name: str, target: Target, out_dir: pathlib.Path,
+                 llvm_options: tuple[str, ...] = ()) -> pathlib.Path:
     """`out_dir/<name>.o` from (level, functions) pairs, one per ISA level of `target`. One level
     is built straight into it; several are built apart and joined (level_objects.py)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.o"
     if len(level_funcs) == 1:
         level, funcs = level_funcs[0]
-        build_module(funcs, target.tvm_target(level)).mod.write_to_file(str(path))
+        build_module(funcs, target.tvm_target(level, llvm_options)).mod.write_to_file(str(path))
         return path
     parts = []
     for level, funcs in level_funcs:
         part = out_dir / f"{name}.{level.suffix}.o"
-        build_module(funcs, target.tvm_target(level)).mod.write_to_file(str(part))
+        build_module(funcs, target.tvm_target(level, llvm_options)).mod.write_to_file(str(part))
         parts.append(part)
     return join_levels(parts, path, target)
 
@@ -163,6 +164,19 @@ def _variants(fused, name: str, max_duplication: int, small_variant: bool | None
     if serial_variant:
         add_variant(serial_variant_name(name), allow_parallel=False)
     return funcs, stats, n_checks
+
+
+# A tree walk picks each node's child by comparing a feature with a threshold: a select on data
+# no branch predictor can guess. LLVM's x86 cmov-conversion pass turned some of those selects
+# into branches, and whether it did changed with unrelated details of the kernel (which input the
+# root indices came from): the 100x8 tree_trav kernel then ran 1.26x slower at 10,000 rows
+# (kernel alone, paired rounds; docs/benchmarks.md, "Trees"). Gather chains keep their cmovs.
+GATHER_CHAIN_LLVM_OPTIONS = {"x86_64": ("-x86-cmov-converter=false",)}
+
+
+def llvm_options(target: Target, gather_chain: bool) -> tuple[str, ...]:
+    """LLVM command-line options for a kernel's code generation on `target`."""
+    return GATHER_CHAIN_LLVM_OPTIONS.get(target.arch, ()) if gather_chain else ()
 
 
 def _level_variants(fused, name: str, target: Target, max_duplication: int):
@@ -203,8 +217,10 @@ def compile_group(
     registers = register_file.for_target(target.tvm_target())  # the best level's: see CompiledGroup._kernel
     level_funcs, sched_stats, n_checks, small_variant, serial_variant = _stage(
         "schedule", stats, lambda: _level_variants(group.prim_func, name, target, max_duplication))
-    obj = _stage("build", stats, lambda: build_object(level_funcs, name, target, pathlib.Path(out_dir)))
+    options = llvm_options(target, sched_stats.gather_chain)
+    obj = _stage("build", stats, lambda: build_object(level_funcs, name, target, pathlib.Path(out_dir), options))
     stats.update(sched_stats.as_dict())
+    stats["llvm_options"] = " ".join(options)
     stats["max_duplication"] = max_duplication
     stats["index_checks"] = n_checks
     small_below = schedule.SMALL_BATCH_ROWS if small_variant else 0

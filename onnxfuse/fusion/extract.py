@@ -15,6 +15,7 @@ from ..errors import CompileError
 from ..ir import Graph, Value
 from .forward_graph import SHAPE_FROM_OUTPUT
 from .plan import FusedGroup
+from .rebuilt_shapes import dim_sources, shape_nodes
 
 
 def extract_group(graph: Graph, group: FusedGroup) -> onnx.ModelProto:
@@ -24,17 +25,27 @@ def extract_group(graph: Graph, group: FusedGroup) -> onnx.ModelProto:
     protos = [_copy(graph.model.graph.node[n.index]) for n in members]
     initializers: dict[str, onnx.TensorProto] = {}
 
+    shape_protos: list[onnx.NodeProto] = []
     for node, proto in zip(members, protos):
         if node.op_type in SHAPE_FROM_OUTPUT and len(node.inputs) > 1 and not graph.value(node.inputs[1]).is_constant:
-            # The shape is computed at run time but inference proved it static: bake it in.
             out = graph.value(node.outputs[0])
-            name = f"{node.inputs[1]}__static_{node.index}"
-            initializers[name] = numpy_helper.from_array(np.array(out.shape, dtype=np.int64), name)
+            if out.is_static:  # computed at run time, but inference proved it static: bake it in
+                name = f"{node.inputs[1]}__static_{node.index}"
+                initializers[name] = numpy_helper.from_array(np.array(out.shape, dtype=np.int64), name)
+            else:  # symbolic: rebuilt from the dims of graph inputs (rebuilt_shapes)
+                name = f"{node.inputs[1]}__rebuilt_{node.index}"
+                nodes, constants = shape_nodes(name, out.shape, dim_sources(graph, out.shape))
+                shape_protos += nodes
+                initializers.update((c.name, c) for c in constants)
             proto.input[1] = name
+    protos = shape_protos + protos
 
     used = {i for p in protos for i in p.input if i}
+    produced = {o for p in protos for o in p.output}
     inputs: list[onnx.ValueInfoProto] = []
-    for name in group.inputs:
+    shape_sources = [n for n in dict.fromkeys(i for p in shape_protos for i in p.input)
+                     if n not in produced and n not in initializers and n not in group.inputs]
+    for name in [*group.inputs, *shape_sources]:
         if name not in used:
             continue
         value = graph.value(name)

@@ -14,8 +14,10 @@ import numpy as np
 
 from ..ir import Graph, Node
 from ..ops import COMPILABLE_DTYPES, OPAQUE_REASONS, OpKind, combine, op_info
+from .rebuilt_shapes import rebuildable
 
-# Ops whose compile-time shape input can be recovered from their (static) output shape.
+# Ops whose compile-time shape input can be recovered from their output shape: a static one, or
+# for an Expand one whose symbolic dims graph inputs carry (rebuilt_shapes).
 SHAPE_FROM_OUTPUT = frozenset({"Reshape", "Expand"})
 
 
@@ -82,7 +84,7 @@ def classify(node: Node, graph: Graph) -> tuple[OpKind, str | None]:
         if graph.value(node.inputs[position]).is_constant:
             continue
         out = graph.value(node.outputs[0])
-        if node.op_type in SHAPE_FROM_OUTPUT and out.is_static:
+        if node.op_type in SHAPE_FROM_OUTPUT and (out.is_static or rebuildable(graph, node.op_type, out.shape)):
             continue
         return OpKind.OPAQUE, f"input {position} of {node.op_type} is computed at run time"
     return info.kind, None

@@ -212,8 +212,56 @@ static int64_t total_rank(const tensor_desc *tensors, int32_t count) {
     return total;
 }
 
+/* ---- Kernel instances -------------------------------------------------------------------------
+ * One per node of a session. Inputs that are constant initializers (weights; a tree kernel's
+ * node tables are 7 or 18 of its inputs) cannot change between calls, so their element type and
+ * dims are checked once, here, and their data pointer kept: each call binds them without asking
+ * onnxruntime anything. Asking for a tensor's type and shape allocates an info object and takes
+ * five more calls: for a 19-input tree kernel at batch 1 that was as long as the tree walk
+ * (docs/runtime.md). The pointer is the session's own initializer buffer, alive and in place for
+ * the session's lifetime (custom ops cannot pre-pack, the one way onnxruntime swaps a buffer).
+ * An input qualifies only if every dim of it is static in the table (its shape is then the
+ * table's) and it passes the check; one that fails is left to the per-call check, which
+ * reports it as before. Nothing here changes after creation, so calls may run concurrently. */
+typedef struct {
+    const kernel_desc *kernel;
+    size_t frame_bytes;       /* what one call's frame takes */
+    void **constant_data;     /* per input: a checked constant's data, else NULL */
+} kernel_instance;
+
+static OrtStatus *read_input(const kernel_desc *k, int32_t index, const OrtValue *value, int64_t *dims);
+
+static int all_dims_static(const tensor_desc *desc) {
+    for (int32_t d = 0; d < desc->rank; d++)
+        if (desc->dims[d] < 0) return 0;
+    return 1;
+}
+
+/* Input `index`'s data if it is a constant initializer with the table's element type and dims,
+ * else NULL. */
+static void *checked_constant(const kernel_desc *k, const OrtKernelInfo *info, int32_t index) {
+    const tensor_desc *desc = &k->inputs[index];
+    if (!all_dims_static(desc)) return NULL;
+    int is_constant = 0;
+    const OrtValue *value = NULL;
+    OrtStatus *status = ORT_API_FN(ort, KernelInfoGetConstantInput_tensor)(info, (size_t)index, &is_constant, &value);
+    if (!status && (!is_constant || !value)) return NULL;
+    int64_t dims[desc->rank > 0 ? desc->rank : 1];
+    void *data = NULL;
+    if (!status) status = read_input(k, index, value, dims);
+    if (!status) status = ORT_API_FN(ort, GetTensorMutableData)((OrtValue *)value, &data);
+    if (status) {
+        ORT_API_FN(ort, ReleaseStatus)(status);
+        return NULL;
+    }
+    for (int32_t d = 0; d < desc->rank; d++)
+        if (dims[d] != desc->dims[d]) return NULL;
+    return data;
+}
+
 /* ---- Compute ------------------------------------------------------------------------------------
- * Everything one call needs lives in one allocation, so concurrent calls share nothing. */
+ * Everything one call needs lives in one frame, on the stack unless the kernel has very many
+ * tensors, so concurrent calls share nothing and a call allocates nothing. */
 typedef struct {
     int64_t value; /* -1 while unbound */
     int32_t input, dim; /* where it was bound, for messages */
@@ -224,24 +272,29 @@ typedef struct {
     TVMFFIAny *args;   /* one DLTensor pointer per tensor */
     int64_t *shapes;   /* the concrete dims of every tensor, back to back */
     symbol_binding *bound; /* one per symbol */
+    void **original;   /* per tensor: its own data while an aligned copy stands in (else NULL) */
 } call_frame;
 
-static call_frame *new_call_frame(const kernel_desc *k) {
+#define FRAME_STACK_BYTES 4096 /* a frame that fits (up to about 50 tensors) lives on the stack */
+
+static size_t frame_bytes(const kernel_desc *k) {
     size_t tensors = (size_t)(k->num_inputs + k->num_outputs);
     size_t dims = (size_t)(total_rank(k->inputs, k->num_inputs) + total_rank(k->outputs, k->num_outputs));
-    size_t symbols = (size_t)k->num_symbols;
-    size_t bytes = sizeof(call_frame) + tensors * (sizeof(DLTensor) + sizeof(TVMFFIAny)) +
-                   dims * sizeof(int64_t) + symbols * sizeof(symbol_binding);
-    char *block = calloc(1, bytes);
-    if (!block) return NULL;
-    call_frame *frame = (call_frame *)block;
-    char *next = block + sizeof(call_frame);
-    frame->tensors = (DLTensor *)next, next += tensors * sizeof(DLTensor);
-    frame->args = (TVMFFIAny *)next, next += tensors * sizeof(TVMFFIAny);
-    frame->shapes = (int64_t *)next, next += dims * sizeof(int64_t);
-    frame->bound = (symbol_binding *)next;
-    for (size_t s = 0; s < symbols; s++) frame->bound[s].value = -1;
-    return frame;
+    return tensors * (sizeof(DLTensor) + sizeof(TVMFFIAny) + sizeof(void *)) + dims * sizeof(int64_t) +
+           (size_t)k->num_symbols * sizeof(symbol_binding);
+}
+
+/* Lays the frame out in `block` (instance->frame_bytes long, suitably aligned). */
+static void init_call_frame(const kernel_instance *instance, char *block, call_frame *frame) {
+    const kernel_desc *k = instance->kernel;
+    size_t tensors = (size_t)(k->num_inputs + k->num_outputs);
+    frame->tensors = (DLTensor *)block, block += tensors * sizeof(DLTensor);
+    frame->args = (TVMFFIAny *)block, block += tensors * sizeof(TVMFFIAny);
+    frame->original = (void **)block, block += tensors * sizeof(void *);
+    frame->bound = (symbol_binding *)block, block += (size_t)k->num_symbols * sizeof(symbol_binding);
+    frame->shapes = (int64_t *)block;
+    for (size_t t = 0; t < tensors; t++) frame->original[t] = NULL;
+    for (int32_t s = 0; s < k->num_symbols; s++) frame->bound[s].value = -1;
 }
 
 /* Kernels may not receive NULL data; zero-element tensors get this (never read or written). */
@@ -300,7 +353,8 @@ static OrtStatus *match_dims(const kernel_desc *k, int32_t index, const int64_t 
     return NULL;
 }
 
-static OrtStatus *bind_inputs(const kernel_desc *k, OrtKernelContext *ctx, call_frame *frame) {
+static OrtStatus *bind_inputs(const kernel_instance *instance, OrtKernelContext *ctx, call_frame *frame) {
+    const kernel_desc *k = instance->kernel;
     int64_t *shape = frame->shapes;
     size_t count = 0;
     OrtStatus *status = ORT_API_FN(ort, KernelContext_GetInputCount)(ctx, &count);
@@ -310,6 +364,10 @@ static OrtStatus *bind_inputs(const kernel_desc *k, OrtKernelContext *ctx, call_
     for (int32_t i = 0; i < k->num_inputs; i++) {
         const OrtValue *value = NULL;
         void *data = NULL;
+        if (instance->constant_data[i]) { /* checked at creation; its dims are the table's */
+            describe_tensor(&frame->tensors[i], &k->inputs[i], (int64_t *)k->inputs[i].dims, instance->constant_data[i]);
+            continue;
+        }
         if ((status = ORT_API_FN(ort, KernelContext_GetInput)(ctx, (size_t)i, &value))) return status;
         if (!value) return fail(ORT_INVALID_ARGUMENT, k, "input %d is missing", i);
         if ((status = read_input(k, i, value, shape))) return status;
@@ -322,7 +380,7 @@ static OrtStatus *bind_inputs(const kernel_desc *k, OrtKernelContext *ctx, call_
 }
 
 static OrtStatus *bind_outputs(const kernel_desc *k, OrtKernelContext *ctx, call_frame *frame) {
-    int64_t *shape = frame->shapes + total_rank(k->inputs, k->num_inputs);
+    int64_t *shape = frame->shapes + total_rank(k->inputs, k->num_inputs); /* past every input's slot */
     for (int32_t o = 0; o < k->num_outputs; o++) {
         const tensor_desc *desc = &k->outputs[o];
         for (int32_t d = 0; d < desc->rank; d++)
@@ -405,7 +463,8 @@ static size_t tensor_bytes(const DLTensor *t) {
     return n * element_bytes(t);
 }
 
-static OrtStatus *stage_unaligned(const kernel_desc *k, call_frame *frame, void **original) {
+static OrtStatus *stage_unaligned(const kernel_desc *k, call_frame *frame) {
+    void **original = frame->original;
     for (int32_t i = 0; i < k->num_inputs + k->num_outputs; i++) {
         DLTensor *t = &frame->tensors[i];
         size_t alignment = element_bytes(t) ? element_bytes(t) : 1;
@@ -421,7 +480,8 @@ static OrtStatus *stage_unaligned(const kernel_desc *k, call_frame *frame, void 
     return NULL;
 }
 
-static void unstage(const kernel_desc *k, call_frame *frame, void **original, int copy_outputs) {
+static void unstage(const kernel_desc *k, call_frame *frame, int copy_outputs) {
+    void **original = frame->original;
     for (int32_t i = 0; i < k->num_inputs + k->num_outputs; i++) {
         if (!original[i]) continue;
         DLTensor *t = &frame->tensors[i];
@@ -432,20 +492,21 @@ static void unstage(const kernel_desc *k, call_frame *frame, void **original, in
 }
 
 static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
-    const kernel_desc *k = kernel;
-    call_frame *frame = new_call_frame(k);
-    if (!frame) return fail(ORT_FAIL, k, "out of memory");
-    void **original = calloc((size_t)(k->num_inputs + k->num_outputs) + 1, sizeof(void *));
-    OrtStatus *status = original ? NULL : fail(ORT_FAIL, k, "out of memory");
-    if (!status) status = bind_inputs(k, ctx, frame);
-    if (!status) status = bind_outputs(k, ctx, frame);
+    const kernel_instance *instance = kernel;
+    const kernel_desc *k = instance->kernel;
+    _Alignas(16) char on_stack[FRAME_STACK_BYTES];
+    char *block = instance->frame_bytes <= sizeof on_stack ? on_stack : malloc(instance->frame_bytes);
+    if (!block) return fail(ORT_FAIL, k, "out of memory");
+    call_frame frame;
+    init_call_frame(instance, block, &frame);
+    OrtStatus *status = bind_inputs(instance, ctx, &frame);
+    if (!status) status = bind_outputs(k, ctx, &frame);
     if (!status) {
-        status = stage_unaligned(k, frame, original);
-        if (!status) status = call_kernel(k, ctx, frame);
-        unstage(k, frame, original, status == NULL);
+        status = stage_unaligned(k, &frame);
+        if (!status) status = call_kernel(k, ctx, &frame);
+        unstage(k, &frame, status == NULL);
     }
-    free(original);
-    free(frame);
+    if (block != on_stack) free(block);
     return status;
 }
 
@@ -557,13 +618,20 @@ static OrtMemType op_input_memory(const OrtCustomOp *op, size_t i) {
 static int op_variadic_none(const OrtCustomOp *op) { (void)op; return 0; }
 static int op_since_version(const OrtCustomOp *op) { (void)op; return DOMAIN_VERSION; }
 
-/* The kernel instance is the (immutable) table entry itself: nothing to create or destroy. */
+/* A kernel instance: the table entry, and which of this node's inputs are checked constants. */
 static OrtStatus *op_create_kernel(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **kernel) {
-    (void)api, (void)info;
-    *kernel = (void *)registered(op)->kernel;
+    (void)api;
+    const kernel_desc *k = registered(op)->kernel;
+    kernel_instance *instance = calloc(1, sizeof(kernel_instance) + (size_t)k->num_inputs * sizeof(void *));
+    if (!instance) return fail(ORT_FAIL, k, "out of memory");
+    instance->kernel = k;
+    instance->frame_bytes = frame_bytes(k);
+    instance->constant_data = (void **)(instance + 1);
+    for (int32_t i = 0; i < k->num_inputs; i++) instance->constant_data[i] = checked_constant(k, info, i);
+    *kernel = instance;
     return NULL;
 }
-static void op_destroy_kernel(void *kernel) { (void)kernel; }
+static void op_destroy_kernel(void *kernel) { free(kernel); }
 
 static OrtCustomOp custom_op(void) {
     return (OrtCustomOp){

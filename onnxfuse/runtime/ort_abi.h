@@ -98,6 +98,11 @@ typedef OrtStatus *(*ort_KernelContext_GetOutput_fn)(OrtKernelContext *ctx, size
 typedef void (*ort_ReleaseStatus_fn)(OrtStatus *status);
 #define ORT_SLOT_ReleaseTensorTypeAndShapeInfo 99
 typedef void (*ort_ReleaseTensorTypeAndShapeInfo_fn)(OrtTensorTypeAndShapeInfo *info);
+/* is_constant becomes 1 when input `index` is a constant initializer (one no feed can override);
+ * *out is then its value, owned by the session (API 15+). */
+#define ORT_SLOT_KernelInfoGetConstantInput_tensor 249
+typedef OrtStatus *(*ort_KernelInfoGetConstantInput_tensor_fn)(const OrtKernelInfo *info, size_t index, int *is_constant,
+                                                               const OrtValue **out);
 #define ORT_SLOT_ShapeInferContext_GetInputCount 267
 typedef OrtStatus *(*ort_ShapeInferContext_GetInputCount_fn)(const OrtShapeInferContext *ctx, size_t *out);
 /* The returned info is owned by the context: do not release it. */
