@@ -155,7 +155,7 @@ KNOWN_BUGS = (
     KnownBug("gatherelements-axis-of-one",
              "GatherElements along an axis of size 1 returns a value for an out-of-range index (-2, 1) where "
              "onnxruntime raises; along wider axes the kernel's index check raises",
-             ("gatherelements-axis-of-one",), ("gatherelements-axis-of-one",), _gather_elements_unchecked),
+             ("gatherelements-axis-of-one",), ("gatherelements-axis-of-one",), _gather_elements_unchecked, fixed=True),
     KnownBug("fma-contraction",
              "x * y + z becomes a fused multiply-add: no rounding of the product, unlike ONNX and onnxruntime, "
              "so Mul → Add/Sub chains differ in the last bit",
@@ -163,11 +163,11 @@ KNOWN_BUGS = (
     KnownBug("reduce-empty-batch",
              "a reduction over the batch axis of an empty batch leaves its output unwritten (stale values of an "
              "earlier call) where the sum of nothing is 0 and the max -inf",
-             ("reduce-over-batch",), ("reduce-empty-batch",), _reduces_empty_batch),
+             ("reduce-over-batch",), ("reduce-empty-batch",), _reduces_empty_batch, fixed=True),
     KnownBug("softplus-underflow",
              "Softplus(x) is 0 for x below about -17 (log(1 + exp(x)) with 1 + exp(x) rounded to 1) where "
              "onnxruntime gives about exp(x); a reciprocal of it is then inf instead of up to 1e37",
-             ("softplus",), ("softplus-underflow",), _softplus_underflows),
+             ("softplus",), ("softplus-underflow",), _softplus_underflows, fixed=True),
     KnownBug("cast-nan-to-int",
              "Cast float→int64 of NaN/±inf/out of range gives 0 or saturates where onnxruntime gives INT64_MIN "
              "(x86's cvttsd2si); a NaN-derived Gather index then reads a table value where onnxruntime raises",
