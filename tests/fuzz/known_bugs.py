@@ -159,7 +159,7 @@ KNOWN_BUGS = (
     KnownBug("fma-contraction",
              "x * y + z becomes a fused multiply-add: no rounding of the product, unlike ONNX and onnxruntime, "
              "so Mul → Add/Sub chains differ in the last bit",
-             ("mul-feeds-add",), ("fma-contraction",), _contracts_mul_add),
+             ("mul-feeds-add",), ("fma-contraction",), _contracts_mul_add, fixed=True),
     KnownBug("reduce-empty-batch",
              "a reduction over the batch axis of an empty batch leaves its output unwritten (stale values of an "
              "earlier call) where the sum of nothing is 0 and the max -inf",
