@@ -151,7 +151,7 @@ KNOWN_BUGS = (
     KnownBug("float16-excess-precision",
              "float16 intermediates are not rounded to float16 between ops (ONNX and onnxruntime round after "
              "each op): chains of float16 arithmetic differ in the last bit",
-             ("float16-arithmetic",), ("float16-excess-precision",), _float16_unrounded),
+             ("float16-arithmetic",), ("float16-excess-precision",), _float16_unrounded, fixed=True),
     KnownBug("gatherelements-axis-of-one",
              "GatherElements along an axis of size 1 returns a value for an out-of-range index (-2, 1) where "
              "onnxruntime raises; along wider axes the kernel's index check raises",
