@@ -182,10 +182,11 @@ KNOWN_BUGS = (
 
 
 def known_bug_of(model: onnx.ModelProto, output: str, kind: str, detail: str) -> KnownBug | None:
-    """The known bug a finding on `output` of the component `model` is an instance of, if any.
-    A finding without an output (an error) is matched against each output's cone."""
+    """The open known bug a finding on `output` of the component `model` is an instance of, if any.
+    A finding without an output (an error) is matched against each output's cone. A fixed bug
+    matches nothing: a finding that looks like it is a regression, and new."""
     cones = [Cone(model, o) for o in ([output] if output else [o.name for o in model.graph.output])]
-    return next((bug for bug in KNOWN_BUGS for cone in cones if bug.matches(cone, kind, detail)), None)
+    return next((bug for bug in KNOWN_BUGS if not bug.fixed for cone in cones if bug.matches(cone, kind, detail)), None)
 
 
 def all_exclusions() -> frozenset[str]:
