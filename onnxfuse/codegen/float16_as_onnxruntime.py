@@ -17,9 +17,18 @@ float16 output is a Cast of that result, which what reads float16 (a node with a
 kernel, a group output) reads. INTERNALLY_FLOAT32 ops have a float16 kernel that converts its
 float16 inputs to float32 and computes in float32: they read rounded operands and always round.
 
-The lists were measured on onnxruntime 1.32's x86-64 CPU provider (a one-node float16 model:
-does the session's optimized model hold inserted Casts). Ops in neither list (data movement,
-Max, Min, Clip, Round, Sign, Cast) have float16 kernels, which TVM's float16 code matches
+One more case: onnxruntime also runs a node that has a float16 kernel (ISOLATABLE_OPS) in
+float32, on its unrounded operands, when it sits between such float32 nodes (measured: Mul ->
+Max -> Mul computes the Max on the float32 product): when it produces no graph output, every
+node reading its float16 outputs has no float16 kernel, and at least one of its float16
+operands comes from a node computed in float32. A Max -> Max -> Mul after a Mul keeps both
+Max in float16 (the first is read by a float16 kernel, the second by none computed in float32),
+and so does a Max reading only graph inputs or a Round of them. A group output stands for a
+graph output here (what reads it outside the group is not known).
+
+The lists were measured on onnxruntime 1.32's x86-64 CPU provider, at its default optimization
+level (a float16 model of one node, or of the chains above: does the session's optimized model
+hold inserted Casts). Ops in neither list have float16 kernels, which TVM's float16 code matches
 exactly. onnxruntime built with float16 arithmetic kernels (some ARM builds) rounds more often.
 """
 
@@ -33,7 +42,11 @@ FLOAT32_OPS = frozenset(
     "Add Sub Mul Div Pow Sum Mean Where Equal Less Greater LessOrEqual GreaterOrEqual "
     "ReduceSum ReduceMean ReduceMax ReduceMin Softmax LogSoftmax MatMul Gemm".split())
 INTERNALLY_FLOAT32 = frozenset({"LayerNormalization"})
+ISOLATABLE_OPS = frozenset(
+    "Max Min Clip Round Sign Transpose Reshape Concat Slice Gather GatherElements Expand Squeeze Unsqueeze "
+    "Flatten LayerNormalization".split())
 _F16, _F32 = TensorProto.FLOAT16, TensorProto.FLOAT
+_FLOAT32, _INTERNAL = "float32", "internal"  # how a node computes: on unrounded / on rounded operands
 
 
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -43,10 +56,39 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def _computed_in_float32(node, types) -> bool:
-    if node.domain not in ("", "ai.onnx") or node.op_type not in FLOAT32_OPS | INTERNALLY_FLOAT32:
-        return False
-    return any(types.get(v) == _F16 for v in list(node.input) + list(node.output) if v)
+def _touches_float16(node, types) -> bool:
+    return node.domain in ("", "ai.onnx") and any(types.get(v) == _F16 for v in list(node.input) + list(node.output) if v)
+
+
+def _modes(model: onnx.ModelProto, types) -> dict[int, str]:
+    """Node index -> _FLOAT32 or _INTERNAL for the nodes onnxruntime computes in float32."""
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    consumers: dict[str, list] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    modes: dict[int, str] = {}
+    computed_by: dict[str, str] = {}  # value -> mode of its producer
+    for index, n in enumerate(graph.node):
+        if not _touches_float16(n, types):
+            continue
+        narrow_in = [i for i in n.input if i and types.get(i) == _F16]
+        narrow_out = [o for o in n.output if types.get(o) == _F16]
+        if n.op_type in FLOAT32_OPS:
+            mode = _FLOAT32
+        elif (n.op_type in ISOLATABLE_OPS and not outputs & set(n.output)
+              and all(c.op_type in FLOAT32_OPS and c.domain in ("", "ai.onnx") for o in narrow_out for c in consumers.get(o, []))
+              and any(computed_by.get(i) == _FLOAT32 for i in narrow_in)):
+            mode = _FLOAT32
+        elif n.op_type in INTERNALLY_FLOAT32:
+            mode = _INTERNAL
+        else:
+            continue
+        modes[index] = mode
+        for o in n.output:
+            computed_by[o] = mode
+    return modes
 
 
 def computed_as_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -55,7 +97,8 @@ def computed_as_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
     if not any(n.op_type in FLOAT32_OPS | INTERNALLY_FLOAT32 for n in model.graph.node):
         return model
     types = _elem_types(model)
-    if not any(_computed_in_float32(n, types) for n in model.graph.node):
+    modes = _modes(model, types)
+    if not modes:
         return model
     unrounded: dict[str, str] = {}  # float16 value -> its float32 value before rounding
     widened: dict[str, str] = {}  # float16 value -> Cast of it to float32
@@ -69,20 +112,20 @@ def computed_as_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
             nodes.append(helper.make_node("Cast", [name], [widened[name]], name=widened[name], to=_F32))
         return widened[name]
 
-    for node in model.graph.node:
-        if not _computed_in_float32(node, types):
+    for index, node in enumerate(model.graph.node):
+        mode = modes.get(index)
+        if mode is None:
             nodes.append(node)
             continue
-        internally = node.op_type in INTERNALLY_FLOAT32
         wide = onnx.NodeProto()
         wide.CopyFrom(node)
-        wide.input[:] = [float32_of(i, internally) if i and types.get(i) == _F16 else i for i in node.input]
+        wide.input[:] = [float32_of(i, mode == _INTERNAL) if i and types.get(i) == _F16 else i for i in node.input]
         narrow_outputs = [o for o in node.output if types.get(o) == _F16]
         wide.output[:] = [f"{o}__onnxfuse_unrounded" if o in narrow_outputs else o for o in node.output]
         nodes.append(wide)
         for o in narrow_outputs:
             nodes.append(helper.make_node("Cast", [f"{o}__onnxfuse_unrounded"], [o], name=f"{o}__onnxfuse_round", to=_F16))
-            if not internally:
+            if mode == _FLOAT32:
                 unrounded[o] = f"{o}__onnxfuse_unrounded"
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
