@@ -149,8 +149,8 @@ KNOWN_BUGS = (
              "meets the subtraction and x - x folds to 0",
              ("erf-minus-input",), ("erf-minus-input-nan",), _erf_minus_input, fixed=True),
     KnownBug("float16-excess-precision",
-             "float16 intermediates are not rounded to float16 between ops (ONNX and onnxruntime round after "
-             "each op): chains of float16 arithmetic differ in the last bit",
+             "float16 arithmetic rounded to float16 after every op, where onnxruntime's CPU provider (no float16 "
+             "kernel for most ops) computes a chain of them in float32 and rounds once: chains differ in the last bit",
              ("float16-arithmetic",), ("float16-excess-precision",), _float16_unrounded, fixed=True),
     KnownBug("gatherelements-axis-of-one",
              "GatherElements along an axis of size 1 returns a value for an out-of-range index (-2, 1) where "
