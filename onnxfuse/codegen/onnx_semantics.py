@@ -3,8 +3,8 @@ meaning than onnxruntime does. Each rewrite states the op in plain ONNX ops that
 translates faithfully.
 
 1. Clip with a bound left out: onnxruntime (and the spec) clamp to the type's lowest and
-   largest finite value, so +inf becomes 3.4e38 (float32); TVM's importer leaves that side
-   unbounded. The missing bounds are written in. An explicit ±inf or NaN bound stays
+   largest finite value, so +inf becomes 3.4e38 (float32; 65504 in float16); TVM's importer
+   leaves that side unbounded. The missing bounds are written in. An explicit ±inf or NaN bound stays
    unbounded in both.
 2. Cast from a float to an integer type: TVM's importer turns NaN and ±inf into 0 and wraps
    out-of-range values modulo 2^bits (and for 64 bits leaves them undefined). onnxruntime on
@@ -114,13 +114,13 @@ def _rewrite_cast(node, elem_types, prefix: str):
 
 
 def _rewrite_clip(node, elem_types, prefix: str, opset: int):
-    float_type = _FLOATS.get(elem_types.get(node.input[0]))
+    float_type = {**_FLOATS, TensorProto.FLOAT16: np.float16}.get(elem_types.get(node.input[0]))
     if float_type is None:
-        return None  # integers: their limits clamp nothing; float16: rare, left as it was
+        return None  # integers: their limits clamp nothing; bfloat16: rare, left as it was
     lowest, largest = np.finfo(float_type).min, np.finfo(float_type).max
     if opset < 11:
-        if float_type is not np.float32:
-            return None  # attributes are float32: they cannot hold another type's limits
+        if float_type is np.float64:
+            return None  # attributes are float32: they cannot hold float64's limits
         attrs = {a.name: a for a in node.attribute}
         clipped = helper.make_node("Clip", list(node.input), list(node.output), name=node.name,
                                    min=float(attrs["min"].f) if "min" in attrs else float(lowest),

@@ -141,6 +141,11 @@ HANDWRITTEN = {
         _model([("Clip", ["x", "lo"], "c", {}), ("Neg", ["c"], "y", {})], {"x": (F32, ROW)}, {"y": (F32, ROW)},
                {"lo": np.array(-1, np.float32)}),
         {"x": _row(INF, -INF, NAN, 3e38)}),
+    # The same in float16 (the fuzzer: Clip(x, -1.5) → Reshape): onnxruntime clamps +inf to 65504.
+    "clip-default-max-float16": lambda: (
+        _model([("Clip", ["x", "lo"], "c", {}), ("Neg", ["c"], "y", {})], {"x": (F16, ROW)}, {"y": (F16, ROW)},
+               {"lo": np.array(-1.5, np.float16)}),
+        {"x": _row(INF, -INF, NAN, 65504, dtype=np.float16)}),
     # Cast float → int64 of NaN, ±inf, 1e30: onnxruntime gives INT64_MIN (x86's "integer indefinite").
     "cast-nan-int64": lambda: (
         _model([("Neg", ["x"], "n", {}), ("Cast", ["n"], "i", {"to": I64}), ("Add", ["i", "one"], "y", {})],
