@@ -100,6 +100,28 @@ def test_float16_chains_round_where_onnxruntime_does(tmp_path, case):
     assert_bitwise_equal(fused_session(m, tmp_path).run(None, feeds)[0], expected)
 
 
+CASTS = {  # (nodes, input type, output type): the fuzzer's Cast -> Softplus -> LeakyRelu first
+    "cast_softplus_leakyrelu": ([node("Cast", ["a"], "c", to=TensorProto.FLOAT16), node("Softplus", ["c"], "s"),
+                                 node("LeakyRelu", ["s"], "y", alpha=0.1)], TensorProto.FLOAT, TensorProto.FLOAT16),
+    "cast_exp_and_max": ([node("Cast", ["a"], "c", to=TensorProto.FLOAT16), node("Exp", ["c"], "e"),
+                          node("Max", ["c", "e"], "y")], TensorProto.FLOAT, TensorProto.FLOAT16),
+    "mul_cast_to_float32": ([node("Mul", ["a", "a"], "m"), node("Cast", ["m"], "y", to=TensorProto.FLOAT)],
+                            TensorProto.FLOAT16, TensorProto.FLOAT),
+    "mul_cast_to_float64": ([node("Mul", ["a", "a"], "m"), node("Cast", ["m"], "y", to=TensorProto.DOUBLE)],
+                            TensorProto.FLOAT16, TensorProto.DOUBLE),
+}
+
+
+@pytest.mark.parametrize("case", list(CASTS))
+def test_float16_casts_that_onnxruntime_removes(tmp_path, case):
+    """onnxruntime drops a model's Cast to float16 next to the Cast it inserts back to float32."""
+    nodes, source, result = CASTS[case]
+    m = model(nodes, {"a": ("N", 16)}, ["y"], dtype=source)
+    m.graph.output[0].type.tensor_type.elem_type = result
+    feeds = {"a": _random((64, 16), onnx.helper.tensor_dtype_to_np_dtype(source), 0, 3.0)}
+    check_fused_matches_onnxruntime(m, feeds, tmp_path)
+
+
 def test_float16_rewrite_reads_unrounded_values_only_between_float32_ops():
     def rewritten(nodes, outputs=("y",)):
         m = model(nodes, {"a": ("N", 4), "b": ("N", 4)}, {o: ("N", 4) for o in outputs}, dtype=TensorProto.FLOAT16)

@@ -26,6 +26,13 @@ Max in float16 (the first is read by a float16 kernel, the second by none comput
 and so does a Max reading only graph inputs or a Round of them. A group output stands for a
 graph output here (what reads it outside the group is not known).
 
+Casts in the model take part too: onnxruntime removes a model's `Cast(float32 -> float16)`
+together with the Cast it inserts after it, so a float32-computed node reading a Cast of a
+float32 value reads that value unrounded (measured: `Cast(x) -> Softplus` computes on x, also
+when the Cast's output is read by a float16 kernel or is a graph output, which then get it
+rounded). Likewise a model's `Cast(float16 -> float32 or float64)` of a float32-computed value
+casts the unrounded value, unless that value is a graph output.
+
 The lists were measured on onnxruntime 1.32's x86-64 CPU provider, at its default optimization
 level (a float16 model of one node, or of the chains above: does the session's optimized model
 hold inserted Casts). Ops in neither list have float16 kernels, which TVM's float16 code matches
@@ -47,6 +54,12 @@ ISOLATABLE_OPS = frozenset(
     "Flatten LayerNormalization".split())
 _F16, _F32 = TensorProto.FLOAT16, TensorProto.FLOAT
 _FLOAT32, _INTERNAL = "float32", "internal"  # how a node computes: on unrounded / on rounded operands
+_NARROWING, _WIDENING = "narrowing", "widening"  # a model's Cast to float16 / from float16 to a wider float
+_WIDER = (TensorProto.FLOAT, TensorProto.DOUBLE)
+
+
+def _cast_to(node) -> int | None:
+    return next((a.i for a in node.attribute if a.name == "to"), None) if node.op_type == "Cast" else None
 
 
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -61,7 +74,8 @@ def _touches_float16(node, types) -> bool:
 
 
 def _modes(model: onnx.ModelProto, types) -> dict[int, str]:
-    """Node index -> _FLOAT32 or _INTERNAL for the nodes onnxruntime computes in float32."""
+    """Node index -> _FLOAT32 or _INTERNAL for the nodes onnxruntime computes in float32, and
+    _NARROWING / _WIDENING for the model's Casts whose rounding it removes."""
     graph = model.graph
     outputs = {o.name for o in graph.output}
     consumers: dict[str, list] = {}
@@ -75,6 +89,12 @@ def _modes(model: onnx.ModelProto, types) -> dict[int, str]:
             continue
         narrow_in = [i for i in n.input if i and types.get(i) == _F16]
         narrow_out = [o for o in n.output if types.get(o) == _F16]
+        if _cast_to(n) == _F16 and types.get(n.input[0]) == _F32:
+            modes[index] = _NARROWING
+            continue
+        if (_cast_to(n) in _WIDER and computed_by.get(n.input[0]) == _FLOAT32 and n.input[0] not in outputs):
+            modes[index] = _WIDENING
+            continue
         if n.op_type in FLOAT32_OPS:
             mode = _FLOAT32
         elif (n.op_type in ISOLATABLE_OPS and not outputs & set(n.output)
@@ -114,8 +134,16 @@ def computed_as_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
 
     for index, node in enumerate(model.graph.node):
         mode = modes.get(index)
-        if mode is None:
+        if mode is None or mode == _NARROWING:
             nodes.append(node)
+            if mode == _NARROWING:
+                unrounded[node.output[0]] = node.input[0]
+            continue
+        if mode == _WIDENING:
+            wide = onnx.NodeProto()
+            wide.CopyFrom(node)
+            wide.input[0] = unrounded[node.input[0]]
+            nodes.append(wide)
             continue
         wide = onnx.NodeProto()
         wide.CopyFrom(node)
