@@ -126,6 +126,10 @@ def _softplus_underflows(cone: Cone, kind: str, detail: str) -> bool:
     return kind in ("inf", "nan", "value", "exact") and bool(cone.ops("Softplus"))
 
 
+def _integer_minmax_identity(cone: Cone, kind: str, detail: str) -> bool:
+    return kind == "value" and any(cone.types.get(n.output[0]) in INT_TYPES for n in cone.ops("Min", "Max"))
+
+
 REDUCTIONS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")
 
 KNOWN_BUGS = (
@@ -168,6 +172,10 @@ KNOWN_BUGS = (
              "Softplus(x) is 0 for x below about -17 (log(1 + exp(x)) with 1 + exp(x) rounded to 1) where "
              "onnxruntime gives about exp(x); a reciprocal of it is then inf instead of up to 1e37",
              ("softplus",), ("softplus-underflow",), _softplus_underflows, fixed=True),
+    KnownBug("integer-minmax-identity",
+             "TVM's simplifier rewrote int32 b - Min(a, b) to max(b - a, 0), whose b - a overflows where the model's "
+             "arithmetic does not (2147483647 where onnxruntime gives 0)",
+             (), ("int-min-identity-overflow",), _integer_minmax_identity, fixed=True),
     KnownBug("cast-nan-to-int",
              "Cast float→int64 of NaN/±inf/out of range gives 0 or saturates where onnxruntime gives INT64_MIN "
              "(x86's cvttsd2si); a NaN-derived Gather index then reads a table value where onnxruntime raises",
