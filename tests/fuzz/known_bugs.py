@@ -130,6 +130,21 @@ def _integer_minmax_identity(cone: Cone, kind: str, detail: str) -> bool:
     return kind == "value" and any(cone.types.get(n.output[0]) in INT_TYPES for n in cone.ops("Min", "Max"))
 
 
+def _integer_wraps(cone: Cone, kind: str, detail: str) -> bool:
+    ints = [n for n in cone.nodes if cone.types.get(n.output[0]) in INT_TYPES]
+    return kind == "value" and any(n.op_type in ("Neg", "Sub", "Add", "Mul", "Abs") for n in ints) and any(
+        n.op_type in ("ReduceMax", "ReduceMin", "Max", "Min") for n in ints)
+
+
+def _gather_cut_away(cone: Cone, kind: str, detail: str) -> bool:
+    return kind == "missed-error" and "Gather" in detail and bool(cone.ops("Slice", "Split"))
+
+
+def _exp_flushes(cone: Cone, kind: str, detail: str) -> bool:
+    return kind in ("inf", "nan", "value") and bool(cone.ops("Softmax", "LogSoftmax", "Exp", "Sigmoid")) and bool(
+        cone.ops("Log", "Div", "Reciprocal"))
+
+
 REDUCTIONS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")
 
 KNOWN_BUGS = (
@@ -176,6 +191,18 @@ KNOWN_BUGS = (
              "TVM's simplifier rewrote int32 b - Min(a, b) to max(b - a, 0), whose b - a overflows where the model's "
              "arithmetic does not (2147483647 where onnxruntime gives 0)",
              (), ("int-min-identity-overflow",), _integer_minmax_identity, fixed=True),
+    KnownBug("integer-wrap-assumed-away",
+             "int64 ReduceMax(Neg(x)) over a row with INT64_MIN gives INT64_MIN where onnxruntime wraps and gives "
+             "the row's true max: TVM emits signed arithmetic as no-signed-wrap, so LLVM may rewrite through it",
+             (), ("int-neg-max-wrap",), _integer_wraps),
+    KnownBug("gather-sliced-away-index",
+             "an out-of-range Gather index in elements a Slice drops is never checked: the kernel computes only the "
+             "kept elements and returns where onnxruntime gathers all and raises",
+             (), ("gather-sliced-away-index",), _gather_cut_away),
+    KnownBug("fast-exp-flush",
+             "the fast exp (softmax, exp, sigmoid) flushes results below 2.4e-38 to 0, where onnxruntime returns "
+             "denormals: Log(Softmax) of a logit 100 below the max is -inf instead of -100",
+             (), ("softmax-denormal-log",), _exp_flushes),
     KnownBug("cast-nan-to-int",
              "Cast float→int64 of NaN/±inf/out of range gives 0 or saturates where onnxruntime gives INT64_MIN "
              "(x86's cvttsd2si); a NaN-derived Gather index then reads a table value where onnxruntime raises",

@@ -152,6 +152,27 @@ HANDWRITTEN = {
         _model([("Min", ["a", "b"], "m", {}), ("Sub", ["b", "m"], "y", {})], {"a": (I32, ROW), "b": (I32, ROW)},
                {"y": (I32, ROW)}),
         {"a": _row(2147483647, 5, 2000000000, -3, dtype=np.int32), "b": _row(-2, 7, -2000000000, -3, dtype=np.int32)}),
+    # ReduceMax(Neg(x)) in int64 over a row holding INT64_MIN: onnxruntime wraps -INT64_MIN to INT64_MIN
+    # and the max is 5; the kernel gives INT64_MIN (TVM marks signed arithmetic no-signed-wrap, so LLVM
+    # may compute max(-a, -b) as -min(a, b)).
+    "int-neg-max-wrap": lambda: (
+        _model([("Neg", ["x"], "n", {}), ("ReduceMax", ["n"], "y", {"axes": [1], "keepdims": 1})],
+               {"x": (I64, ROW)}, {"y": (I64, ("N", 1))}),
+        {"x": np.array([[1, -5, np.iinfo(np.int64).min, 1], [2, 3, 4, 5]], np.int64)}),
+    # Gather whose out-of-range index (7 into 5 rows) sits in a column the Slice drops: onnxruntime
+    # gathers every index and raises; the kernel computes only what the Slice keeps, and returns.
+    "gather-sliced-away-index": lambda: (
+        _model([("Gather", ["table", "i"], "g", {"axis": 0}),
+                ("Slice", ["g", "starts", "ends", "axes"], "s", {}), ("Neg", ["s"], "y", {})],
+               {"i": (I64, ("N", 3))}, {"y": (F32, ("N", 1))},
+               {"table": np.arange(5, dtype=np.float32), "starts": np.array([2], np.int64),
+                "ends": np.array([3], np.int64), "axes": np.array([1], np.int64)}),
+        {"i": np.array([[7, 0, 1], [0, 1, 2]], np.int64)}),
+    # Log(Softmax(x)) with a logit 100 below the row's max: onnxruntime's softmax gives a denormal
+    # (3.7e-44) and the log -100; the fast exp (fast_math.py) flushes results below 2.4e-38 to 0, -inf.
+    "softmax-denormal-log": lambda: (
+        _model([("Softmax", ["x"], "p", {"axis": -1}), ("Log", ["p"], "y", {})], {"x": (F32, ROW)}, {"y": (F32, ROW)}),
+        {"x": _row(0, -100, -90, 1)}),
     # Cast float → int64 of NaN, ±inf, 1e30: onnxruntime gives INT64_MIN (x86's "integer indefinite").
     "cast-nan-int64": lambda: (
         _model([("Neg", ["x"], "n", {}), ("Cast", ["n"], "i", {"to": I64}), ("Add", ["i", "one"], "y", {})],
