@@ -145,6 +145,11 @@ def _exp_flushes(cone: Cone, kind: str, detail: str) -> bool:
         cone.ops("Log", "Div", "Reciprocal"))
 
 
+def _max_of_one_element(cone: Cone, kind: str, detail: str) -> bool:
+    return kind in ("nan", "exact", "value") and any(
+        cone.shapes.get(i) == [1] for n in cone.ops("Max", "Min") for i in n.input)
+
+
 REDUCTIONS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")
 
 KNOWN_BUGS = (
@@ -203,6 +208,10 @@ KNOWN_BUGS = (
              "the fast exp (softmax, exp, sigmoid) flushes results below 2.4e-38 to 0, where onnxruntime returns "
              "denormals: Log(Softmax) of a logit 100 below the max is -inf instead of -100",
              (), ("softmax-denormal-log",), _exp_flushes),
+    KnownBug("max-nan-scalar-input",
+             "Max(in, x) with `in` a one-element input holding NaN gave x (the input was taken for a Clip bound, "
+             "NaN meaning no bound) where onnxruntime gives NaN",
+             (), ("max-nan-scalar-input",), _max_of_one_element, fixed=True),
     KnownBug("cast-nan-to-int",
              "Cast float→int64 of NaN/±inf/out of range gives 0 or saturates where onnxruntime gives INT64_MIN "
              "(x86's cvttsd2si); a NaN-derived Gather index then reads a table value where onnxruntime raises",

@@ -173,6 +173,13 @@ HANDWRITTEN = {
     "softmax-denormal-log": lambda: (
         _model([("Softmax", ["x"], "p", {"axis": -1}), ("Log", ["p"], "y", {})], {"x": (F32, ROW)}, {"y": (F32, ROW)}),
         {"x": _row(0, -100, -90, 1)}),
+    # Max(in, x) with `in` an input of shape [1] holding NaN (the fuzzer: Max(in6, ReduceSum(MatMul))):
+    # onnxruntime gives NaN; the kernel treated the one-element input as a Clip bound, NaN as no bound.
+    "max-nan-scalar-input": lambda: (
+        _model([("Neg", ["x"], "n", {}), ("Max", ["s", "n"], "y", {})], {"x": (F32, ROW), "s": (F32, (1,))},
+               {"y": (F32, ROW)}),
+        [{"x": _row(1, -2, 3, NAN), "s": np.array([NAN], np.float32)},
+         {"x": _row(1, -2, 3, NAN), "s": np.array([0], np.float32)}]),
     # Cast float → int64 of NaN, ±inf, 1e30: onnxruntime gives INT64_MIN (x86's "integer indefinite").
     "cast-nan-int64": lambda: (
         _model([("Neg", ["x"], "n", {}), ("Cast", ["n"], "i", {"to": I64}), ("Add", ["i", "one"], "y", {})],
