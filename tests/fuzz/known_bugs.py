@@ -150,6 +150,10 @@ def _max_of_one_element(cone: Cone, kind: str, detail: str) -> bool:
         cone.shapes.get(i) == [1] for n in cone.ops("Max", "Min") for i in n.input)
 
 
+def _sums_zero_row(cone: Cone, kind: str, detail: str) -> bool:
+    return kind in ("inf", "exact", "value") and bool(cone.ops("ReduceSum", "ReduceMean"))
+
+
 REDUCTIONS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")
 
 KNOWN_BUGS = (
@@ -212,6 +216,10 @@ KNOWN_BUGS = (
              "Max(in, x) with `in` a one-element input holding NaN gave x (the input was taken for a Clip bound, "
              "NaN meaning no bound) where onnxruntime gives NaN",
              (), ("max-nan-scalar-input",), _max_of_one_element, fixed=True),
+    KnownBug("sum-positive-zero-start",
+             "a float sum started from +0.0, so a row of -0.0 summed to +0.0 where onnxruntime gives -0.0 "
+             "(1 / ReduceMean of it +inf instead of -inf)",
+             (), ("reduce-sum-negative-zero",), _sums_zero_row, fixed=True),
     KnownBug("cast-nan-to-int",
              "Cast float→int64 of NaN/±inf/out of range gives 0 or saturates where onnxruntime gives INT64_MIN "
              "(x86's cvttsd2si); a NaN-derived Gather index then reads a table value where onnxruntime raises",

@@ -180,6 +180,12 @@ HANDWRITTEN = {
                {"y": (F32, ROW)}),
         [{"x": _row(1, -2, 3, NAN), "s": np.array([NAN], np.float32)},
          {"x": _row(1, -2, 3, NAN), "s": np.array([0], np.float32)}]),
+    # 1 / ReduceMean over a row of -0.0 (the fuzzer: Div(in, ReduceMean(Split(x)))): onnxruntime's sum
+    # is -0.0 and the quotient -inf; a sum started from +0.0 is +0.0, and the quotient +inf.
+    "reduce-sum-negative-zero": lambda: (
+        _model([("ReduceMean", ["x"], "m", {"axes": [1], "keepdims": 1}), ("Reciprocal", ["m"], "y", {})],
+               {"x": (F32, ROW)}, {"y": (F32, ("N", 1))}),
+        {"x": np.array([[-0.0] * 4, [0.0, -0.0, -0.0, -0.0], [1, 2, 3, 4]], np.float32)}),
     # Cast float → int64 of NaN, ±inf, 1e30: onnxruntime gives INT64_MIN (x86's "integer indefinite").
     "cast-nan-int64": lambda: (
         _model([("Neg", ["x"], "n", {}), ("Cast", ["n"], "i", {"to": I64}), ("Add", ["i", "one"], "y", {})],
