@@ -26,7 +26,17 @@ from onnx import numpy_helper
 from ..errors import CompileError, short_reason
 from ..kernel_spec import KernelSpec, TensorSpec, level_kernel_name, serial_variant_name, small_variant_name
 from ..target import Target
-from . import bounds, ieee_order, nan_propagation, param_alignment, reduction_identities, register_file, relax_import, schedule
+from . import (
+    bounds,
+    empty_reductions,
+    ieee_order,
+    nan_propagation,
+    param_alignment,
+    reduction_identities,
+    register_file,
+    relax_import,
+    schedule,
+)
 from .level_objects import join_levels
 from .register_file import AVX512, RegisterFile
 
@@ -245,11 +255,13 @@ def compile_group(
 def _schedule_or_plain(func, registers: RegisterFile, allow_parallel: bool = True,
                        max_duplication: int = schedule.DEFAULT_MAX_DUPLICATION, small_batch: bool = False):
     """The tuned schedule, or (if TVM rejects it as a whole) the unscheduled function; either
-    way with parameters at element alignment (param_alignment), max/min propagating NaN
-    (nan_propagation) and min/max reductions starting from ±inf (reduction_identities)."""
+    way with parameters at element alignment (param_alignment), every reduction's start written
+    before its loop (empty_reductions), max/min propagating NaN (nan_propagation) and min/max
+    reductions starting from ±inf (reduction_identities)."""
     try:
         scheduled, stats = schedule.schedule_group(func, allow_parallel, max_duplication, small_batch, registers)
     except Exception as exc:  # a last-resort fallback: a valid kernel beats no kernel
         scheduled, stats = func, schedule.ScheduleStats(skipped_steps=[f"whole schedule: {short_reason(exc)}"])
-    ieee = reduction_identities.start_from_infinity(nan_propagation.propagate_nan(scheduled))
+    written = empty_reductions.write_starts_first(scheduled)
+    ieee = reduction_identities.start_from_infinity(nan_propagation.propagate_nan(written))
     return param_alignment.element_aligned(ieee), stats

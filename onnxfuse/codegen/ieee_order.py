@@ -15,6 +15,12 @@ simplifies the integer indices of the loads inside. Left and right operands get 
 fences (the right one is fenced twice), so `x - x` is no longer two equal operands. LLVM folds
 each bitcast pair away: the machine code is the same, without the rewrites.
 
+Integer data gets the same fence on the operands of min and max, where an operand reads a
+buffer: `b - min(a, b)` became `max(b - a, 0)`, and b - a overflows where the model's own
+arithmetic does not (the fuzzer: int32 2147483647 where onnxruntime gives 0). Index arithmetic
+(no loads) and the other integer identities, which hold for wrapping integers, are left to the
+simplifier.
+
 fence() runs before every simplification; unfence() takes our fences off again where our own
 schedule needs to read the expressions (GEMM detection, expression sizes). fast_math's own
 round trip goes through a signed integer and is left alone.
@@ -26,6 +32,8 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
+from . import tir_walk
+
 _ARITHMETIC = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Mod, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max)
 _COMPARISONS = (tirx.EQ, tirx.NE, tirx.LT, tirx.LE, tirx.GT, tirx.GE)
 _REINTERPRET = tvm.ir.Op.get("tirx.reinterpret")
@@ -36,6 +44,21 @@ def _float_type(expr):
     return dtype if dtype.type_code == tvm.runtime.DataTypeCode.FLOAT else None
 
 
+def _signed_type(expr):
+    dtype = tvm.runtime.DataType(str(expr.ty.dtype))
+    return dtype if dtype.type_code == tvm.runtime.DataTypeCode.INT and dtype.bits >= 8 else None
+
+
+def _fenced_type(node):
+    """The type to fence `node`'s operands in: floats always, signed integers in a min/max of data."""
+    float_type = _float_type(node.a)
+    if float_type is not None:
+        return float_type
+    if isinstance(node, (tirx.Min, tirx.Max)) and (tir_walk.contains_load(node.a) or tir_walk.contains_load(node.b)):
+        return _signed_type(node.a)
+    return None
+
+
 def _through_bits(expr, dtype):
     unsigned = f"uint{dtype.bits}" + (f"x{dtype.lanes}" if dtype.lanes > 1 else "")
     return tirx.reinterpret(str(dtype), tirx.reinterpret(unsigned, expr))
@@ -43,7 +66,7 @@ def _through_bits(expr, dtype):
 
 def _fenced(node):
     a, b = node.a, node.b
-    dtype = _float_type(a)
+    dtype = _fenced_type(node)
     if dtype is None:
         return node
     return type(node)(_through_bits(a, dtype), _through_bits(_through_bits(b, dtype), dtype))
@@ -57,8 +80,8 @@ def _is_fence(expr) -> bool:
     if not (isinstance(inner, tvm.ir.Call) and inner.op.same_as(_REINTERPRET)):
         return False
     bits = tvm.runtime.DataType(str(inner.ty.dtype))
-    return (bits.type_code == tvm.runtime.DataTypeCode.UINT
-            and str(inner.args[0].ty.dtype) == str(expr.ty.dtype) and _float_type(expr) is not None)
+    return (bits.type_code == tvm.runtime.DataTypeCode.UINT and str(inner.args[0].ty.dtype) == str(expr.ty.dtype)
+            and (_float_type(expr) is not None or _signed_type(expr) is not None))
 
 
 def _unfenced(call):
@@ -66,7 +89,8 @@ def _unfenced(call):
 
 
 def fence(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
-    """`func` with every float operand of +, -, *, /, %, min, max and comparisons fenced."""
+    """`func` with every float operand of +, -, *, /, %, min, max and comparisons fenced, and the
+    signed integer operands of a min or max that reads data."""
     return tvm_ffi.structural_map(func, [(_ARITHMETIC + _COMPARISONS, _fenced)], order="post")
 
 

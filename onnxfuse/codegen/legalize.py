@@ -11,6 +11,8 @@
 - `cosh`, `sinh`: TVM 0.27 has no LLVM lowering for them ("unknown intrinsic tirx.cosh"), so
   every group with one fell back. We write them with exp, accurate near 0 and up to overflow.
 
+- `multiply`: its float product is fenced from FMA contraction (rounded_products).
+
 The Relax rewrites that run before lowering are passes of their own: unfold_stack_reductions,
 nan_safe_comparisons, fold_shape_take.
 """
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax, te
+
+from .rounded_products import legalize_multiply
 
 
 def _flat_index(shape, coords):
@@ -149,4 +153,5 @@ CUSTOM_LEGALIZE = {
     "relax.sign": _legalize_sign,
     "relax.cosh": _legalize_cosh,
     "relax.sinh": _legalize_sinh,
+    "relax.multiply": legalize_multiply,
 }

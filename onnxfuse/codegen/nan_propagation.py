@@ -6,9 +6,11 @@ the comparison is unordered: a NaN in `b` survives, a NaN in `a` is lost. `Clip(
 (and numpy's `maximum`) return NaN.
 
 The rewrite uses that asymmetry instead of fighting it:
-- against a bound that does not vary (a constant or a scalar weight) the data goes second,
-  `max(c, x)`, at the same cost as before. A NaN bound then means "no bound", as onnxruntime's
-  Clip treats it;
+- against a bound that does not vary (a constant, or a load of a rank-0 tensor: Clip's min and
+  max are scalars by the spec) the data goes second, `max(c, x)`, at the same cost as before. A
+  NaN bound then means "no bound", as onnxruntime's Clip treats it. A one-element tensor of
+  rank 1 or more is data, not a bound: the fuzzer fed `Max(in, x)` with `in` a NaN input of
+  shape [1], which the same rule had turned into x where onnxruntime's Max gives NaN;
 - otherwise the smaller operand `a` is checked, `isnan(a) ? a : max(a, b)`. Only that operand is
   repeated, so a chain `max(max(max(x1, x2), x3), x4)` grows linearly.
 
@@ -37,10 +39,10 @@ def _is_float(expr) -> bool:
 
 
 def _is_invariant(expr) -> bool:
-    """A value the same for every element: a constant, or a load of a scalar weight."""
+    """A value the same for every element: a constant, or a load of a rank-0 tensor (a scalar)."""
     if isinstance(expr, tvm.tirx.FloatImm):
         return True
-    return isinstance(expr, tvm.ir.TensorLoad) and all(isinstance(i, tvm.tirx.IntImm) for i in expr.indices)
+    return isinstance(expr, tvm.ir.TensorLoad) and len(expr.source.shape) == 0
 
 
 def _propagating(node):

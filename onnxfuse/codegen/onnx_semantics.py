@@ -3,8 +3,8 @@ meaning than onnxruntime does. Each rewrite states the op in plain ONNX ops that
 translates faithfully.
 
 1. Clip with a bound left out: onnxruntime (and the spec) clamp to the type's lowest and
-   largest finite value, so +inf becomes 3.4e38 (float32); TVM's importer leaves that side
-   unbounded. The missing bounds are written in. An explicit ±inf or NaN bound stays
+   largest finite value, so +inf becomes 3.4e38 (float32; 65504 in float16); TVM's importer
+   leaves that side unbounded. The missing bounds are written in. An explicit ±inf or NaN bound stays
    unbounded in both.
 2. Cast from a float to an integer type: TVM's importer turns NaN and ±inf into 0 and wraps
    out-of-range values modulo 2^bits (and for 64 bits leaves them undefined). onnxruntime on
@@ -21,6 +21,13 @@ translates faithfully.
    float16 and bfloat16 sources go through float32 first (exact).
    A NaN that becomes a Gather index is therefore INT64_MIN, which the kernel's index check
    rejects (bounds.py), as onnxruntime rejects it.
+3. Softplus: TVM's importer writes `max(x, 0) + log(1 + exp(-|x|))`. Below x = -17, 1 + exp(x)
+   rounds to 1 and the result is 0 (so a reciprocal of it is inf), where onnxruntime computes
+   `log1p(exp(x))`, about exp(x) there (2.06e-9 at x = -20). The rewrite keeps the importer's
+   form with log1p in place of log(1 + t), in plain ops: with u = 1 + t,
+   `log1p(t) = u == 1 ? t : t * (log(u) / (u - 1))` (the quotient corrects the rounding of u;
+   u - 1 is exact for t in [0, 1]). It is the same formula Eigen's log1p uses, which
+   onnxruntime calls.
 """
 
 from __future__ import annotations
@@ -107,13 +114,13 @@ def _rewrite_cast(node, elem_types, prefix: str):
 
 
 def _rewrite_clip(node, elem_types, prefix: str, opset: int):
-    float_type = _FLOATS.get(elem_types.get(node.input[0]))
+    float_type = {**_FLOATS, TensorProto.FLOAT16: np.float16}.get(elem_types.get(node.input[0]))
     if float_type is None:
-        return None  # integers: their limits clamp nothing; float16: rare, left as it was
+        return None  # integers: their limits clamp nothing; bfloat16: rare, left as it was
     lowest, largest = np.finfo(float_type).min, np.finfo(float_type).max
     if opset < 11:
-        if float_type is not np.float32:
-            return None  # attributes are float32: they cannot hold another type's limits
+        if float_type is np.float64:
+            return None  # attributes are float32: they cannot hold float64's limits
         attrs = {a.name: a for a in node.attribute}
         clipped = helper.make_node("Clip", list(node.input), list(node.output), name=node.name,
                                    min=float(attrs["min"].f) if "min" in attrs else float(lowest),
@@ -131,6 +138,20 @@ def _rewrite_clip(node, elem_types, prefix: str, opset: int):
     return b
 
 
+def _rewrite_softplus(node, elem_types, prefix: str):
+    float_type = _FLOATS.get(elem_types.get(node.input[0]))
+    if float_type is None:
+        return None
+    b = _Builder(prefix, float_type)
+    x = node.input[0]
+    t = b.op("Exp", b.op("Neg", b.op("Abs", x)))  # in [0, 1]; NaN for NaN
+    u = b.op("Add", b.constant(1.0), t)
+    corrected = b.op("Mul", t, b.op("Div", b.op("Log", u), b.op("Sub", u, b.constant(1.0))))
+    log1p = b.op("Where", b.op("Equal", u, b.constant(1.0)), t, corrected)
+    b.op("Add", b.op("Relu", x), log1p, output=node.output[0])
+    return b
+
+
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     inferred = onnx.shape_inference.infer_shapes(model)
     graph = inferred.graph
@@ -140,9 +161,9 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` (a group) with Clip and float→int Cast nodes rewritten as above; the same
+    """`model` (a group) with Clip, float→int Cast and Softplus nodes rewritten as above; the same
     object when there is nothing to rewrite."""
-    if not any(n.op_type in ("Clip", "Cast") and n.domain in ("", "ai.onnx") for n in model.graph.node):
+    if not any(n.op_type in ("Clip", "Cast", "Softplus") and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     elem_types = _elem_types(model)
@@ -154,6 +175,8 @@ def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
             rewrite = _rewrite_cast(node, elem_types, prefix)
         elif node.domain in ("", "ai.onnx") and node.op_type == "Clip":
             rewrite = _rewrite_clip(node, elem_types, prefix, opset)
+        elif node.domain in ("", "ai.onnx") and node.op_type == "Softplus":
+            rewrite = _rewrite_softplus(node, elem_types, prefix)
         if rewrite is None:
             nodes.append(node)
             continue

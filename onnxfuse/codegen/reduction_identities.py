@@ -7,6 +7,12 @@ rfactor (schedule.factor_row_reductions) recognises a min or max reduction only 
 identity. So this runs on the scheduled function: every store of the finite bound into a
 buffer that a min (max) update accumulates into becomes a store of +inf (-inf). Nothing else
 changes: a row with any value below +inf reduces to the same result from either start.
+
+Float sums start from -0.0, IEEE addition's identity (-0.0 + x is x for every x, +0.0 + -0.0
+is +0.0): from TOPI's +0.0 a row of -0.0 summed to +0.0 where onnxruntime gives -0.0, and
+1 / ReduceMean of it was +inf instead of -inf (the fuzzer). The same rewrite, on add updates
+over axes of a static size; over the batch axis the sum keeps +0.0, which onnxruntime gives
+for an empty batch.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import tirx
+from tvm import s_tir, tirx
 
 _START = {tirx.Min: np.inf, tirx.Max: -np.inf}
 
@@ -42,6 +48,30 @@ def _accumulators(func) -> dict:
     return found
 
 
+def _never_empty(block) -> bool:
+    """Whether every reduction axis of `block` has a static, non-zero extent."""
+    reduce_axes = [iv for iv in block.iter_vars if int(iv.iter_type) == 2]  # COMM_REDUCE
+    return bool(reduce_axes) and all(isinstance(iv.dom.extent, tirx.IntImm) and iv.dom.extent.value > 0
+                                     for iv in reduce_axes)
+
+
+def _sum_accumulators(func) -> set:
+    """Buffers a float add reduction over static, non-empty axes accumulates into. A sum over the
+    batch axis keeps +0.0: over an empty batch onnxruntime's sum is +0.0."""
+    found = set()
+
+    def visit(block, visitor):
+        store = block.body
+        value = getattr(store, "value", None)
+        if (isinstance(store, tirx.BufferStore) and isinstance(value, tirx.Add) and _is_float(value)
+                and (_reads_itself(store, value.a) or _reads_itself(store, value.b)) and _never_empty(block)):
+            found.add(store.buffer)
+        visitor.default_visit(block)
+
+    tvm_ffi.structural_visit(func, [(s_tir.SBlock, visit)])
+    return found
+
+
 def _finite_bound(dtype: str, infinity: float) -> float | None:
     if dtype not in ("float16", "float32", "float64"):
         return None
@@ -50,14 +80,17 @@ def _finite_bound(dtype: str, infinity: float) -> float | None:
 
 
 def start_from_infinity(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
-    """`func` with every float min/max reduction's finite start replaced by ±inf."""
-    accumulators = _accumulators(func)
-    if not accumulators:
+    """`func` with every float min/max reduction's finite start replaced by ±inf, and every
+    float sum's +0.0 start by -0.0."""
+    accumulators, sums = _accumulators(func), _sum_accumulators(func)
+    if not accumulators and not sums:
         return func
 
     def restart(store):
         infinity = accumulators.get(store.buffer)
         value = store.value
+        if store.buffer in sums and isinstance(value, tirx.FloatImm) and value.value == 0.0:
+            return tirx.BufferStore(store.buffer, tirx.FloatImm(str(value.ty.dtype), -0.0), list(store.indices))
         if infinity is None or not isinstance(value, tirx.FloatImm):
             return store
         dtype = str(value.ty.dtype)

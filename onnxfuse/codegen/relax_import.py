@@ -29,7 +29,7 @@ from tvm.relax.frontend.onnx import from_onnx
 
 from ..errors import CompileError, short_reason
 from ..kernel_spec import DerivedDim, Dim
-from . import onnx_semantics, operand_layout
+from . import float16_as_onnxruntime, onnx_semantics, operand_layout
 from .fast_math import FastMath
 from .fold_shape_take import FoldShapeTake
 from .legalize import CUSTOM_LEGALIZE
@@ -228,7 +228,8 @@ def graph_input_names(model: onnx.ModelProto) -> list[str]:
 
 
 def import_group(model: onnx.ModelProto, name: str, fast_math: bool = True) -> ImportedGroup:
-    mod = _import(onnx_semantics.as_onnxruntime_computes(operand_layout.operands_in_place(model)))
+    as_onnxruntime = float16_as_onnxruntime.computed_as_onnxruntime(operand_layout.operands_in_place(model))
+    mod = _import(onnx_semantics.as_onnxruntime_computes(as_onnxruntime))
     try:
         mod, lifted = _lift_constants(ScalarOperands()(mod))
     except Exception as exc:

@@ -123,7 +123,10 @@ def _copies_if_inlined(sch, block_rv, outputs) -> int | None:
     if block.name_hint in outputs or _is_reduction(block) or len(block.writes) != 1 or _kept_at_root(block):
         return None
     buffer = block.writes[0].source
-    return sum(tir_walk.count_loads_of(sch.get(c), buffer) for c in sch.get_consumers(block_rv))
+    consumers = [sch.get(c) for c in sch.get_consumers(block_rv)]
+    if any(tir_walk.gathers_along_unit_axis(c, buffer) for c in consumers):
+        return None  # the gather's index must stay, to be checked (tir_walk.gathers_along_unit_axis)
+    return sum(tir_walk.count_loads_of(c, buffer) for c in consumers)
 
 
 CHEAP_EPILOGUE_NODES = 12  # a clamp of one GEMM result load (tanh's input), its two indices counted, is 9

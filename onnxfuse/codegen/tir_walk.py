@@ -73,6 +73,20 @@ def count_loads_of(block, buffer) -> int:
     return sum(1 for e in store_value_exprs(block) for ld in iter_loads(e) if ld.source.same_as(buffer))
 
 
+def gathers_along_unit_axis(block, buffer) -> bool:
+    """Whether `block` reads `buffer` with an index from data along an axis of extent 1. Inlining
+    the buffer's producer there would drop that index: compute_inline binds an iter var of
+    extent 1 to 0, whatever the consumer indexes it with, and the index check (bounds.py) would
+    have nothing left to check."""
+    for expr in store_value_exprs(block):
+        for load in iter_loads(expr):
+            if load.source.same_as(buffer) and any(
+                    contains_load(i) and getattr(extent, "value", None) == 1
+                    for i, extent in zip(load.indices, load.source.shape)):
+                return True
+    return False
+
+
 def is_index_copy(block) -> bool:
     """A pure data move (reshape/split/slice/transpose view): the body stores one load whose
     indices depend on loop variables only (a gather is not a copy: duplicating it duplicates

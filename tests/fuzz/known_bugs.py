@@ -126,6 +126,38 @@ def _softplus_underflows(cone: Cone, kind: str, detail: str) -> bool:
     return kind in ("inf", "nan", "value", "exact") and bool(cone.ops("Softplus"))
 
 
+def _integer_minmax_identity(cone: Cone, kind: str, detail: str) -> bool:
+    return kind == "value" and any(cone.types.get(n.output[0]) in INT_TYPES for n in cone.ops("Min", "Max"))
+
+
+def _integer_wraps(cone: Cone, kind: str, detail: str) -> bool:
+    ints = [n for n in cone.nodes if cone.types.get(n.output[0]) in INT_TYPES]
+    return kind == "value" and any(n.op_type in ("Neg", "Sub", "Add", "Mul", "Abs") for n in ints) and any(
+        n.op_type in ("ReduceMax", "ReduceMin", "Max", "Min") for n in ints)
+
+
+def _gather_cut_away(cone: Cone, kind: str, detail: str) -> bool:
+    return kind == "missed-error" and "Gather" in detail and bool(cone.ops("Slice", "Split"))
+
+
+def _exp_flushes(cone: Cone, kind: str, detail: str) -> bool:
+    return kind in ("inf", "nan", "value") and bool(cone.ops("Softmax", "LogSoftmax", "Exp", "Sigmoid")) and bool(
+        cone.ops("Log", "Div", "Reciprocal"))
+
+
+def _max_of_one_element(cone: Cone, kind: str, detail: str) -> bool:
+    return kind in ("nan", "exact", "value") and any(
+        cone.shapes.get(i) == [1] for n in cone.ops("Max", "Min") for i in n.input)
+
+
+def _sums_zero_row(cone: Cone, kind: str, detail: str) -> bool:
+    return kind in ("inf", "exact", "value") and bool(cone.ops("ReduceSum", "ReduceMean"))
+
+
+def _crashes_in_gathers(cone: Cone, kind: str, detail: str) -> bool:
+    return kind == "crash" and bool(cone.ops("GatherElements")) and bool(cone.ops("Gather"))
+
+
 REDUCTIONS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")
 
 KNOWN_BUGS = (
@@ -143,31 +175,60 @@ KNOWN_BUGS = (
     KnownBug("clip-default-max",
              "Clip without max leaves +inf (and without min -inf) where the spec's default bound is the type's "
              "largest (lowest) finite value, as onnxruntime clamps",
-             ("clip-without-max",), ("clip-default-max-inf",), _clips_inf, fixed=True),
+             ("clip-without-max",), ("clip-default-max-inf", "clip-default-max-float16"), _clips_inf, fixed=True),
     KnownBug("erf-nan-select-folded",
              "Erf(x) - x is 0 for NaN x: the NaN-keeping select around the fast erf, select(isnan(x), x, erf(x)), "
              "meets the subtraction and x - x folds to 0",
              ("erf-minus-input",), ("erf-minus-input-nan",), _erf_minus_input, fixed=True),
     KnownBug("float16-excess-precision",
-             "float16 intermediates are not rounded to float16 between ops (ONNX and onnxruntime round after "
-             "each op): chains of float16 arithmetic differ in the last bit",
-             ("float16-arithmetic",), ("float16-excess-precision",), _float16_unrounded),
+             "float16 arithmetic rounded to float16 after every op, where onnxruntime's CPU provider (no float16 "
+             "kernel for most ops) computes a chain of them in float32 and rounds once: chains differ in the last bit",
+             ("float16-arithmetic",), ("float16-excess-precision",), _float16_unrounded, fixed=True),
     KnownBug("gatherelements-axis-of-one",
              "GatherElements along an axis of size 1 returns a value for an out-of-range index (-2, 1) where "
              "onnxruntime raises; along wider axes the kernel's index check raises",
-             ("gatherelements-axis-of-one",), ("gatherelements-axis-of-one",), _gather_elements_unchecked),
+             ("gatherelements-axis-of-one",), ("gatherelements-axis-of-one",), _gather_elements_unchecked, fixed=True),
     KnownBug("fma-contraction",
              "x * y + z becomes a fused multiply-add: no rounding of the product, unlike ONNX and onnxruntime, "
              "so Mul → Add/Sub chains differ in the last bit",
-             ("mul-feeds-add",), ("fma-contraction",), _contracts_mul_add),
+             ("mul-feeds-add",), ("fma-contraction",), _contracts_mul_add, fixed=True),
     KnownBug("reduce-empty-batch",
              "a reduction over the batch axis of an empty batch leaves its output unwritten (stale values of an "
              "earlier call) where the sum of nothing is 0 and the max -inf",
-             ("reduce-over-batch",), ("reduce-empty-batch",), _reduces_empty_batch),
+             ("reduce-over-batch",), ("reduce-empty-batch",), _reduces_empty_batch, fixed=True),
     KnownBug("softplus-underflow",
              "Softplus(x) is 0 for x below about -17 (log(1 + exp(x)) with 1 + exp(x) rounded to 1) where "
              "onnxruntime gives about exp(x); a reciprocal of it is then inf instead of up to 1e37",
-             ("softplus",), ("softplus-underflow",), _softplus_underflows),
+             ("softplus",), ("softplus-underflow",), _softplus_underflows, fixed=True),
+    KnownBug("integer-minmax-identity",
+             "TVM's simplifier rewrote int32 b - Min(a, b) to max(b - a, 0), whose b - a overflows where the model's "
+             "arithmetic does not (2147483647 where onnxruntime gives 0)",
+             (), ("int-min-identity-overflow",), _integer_minmax_identity, fixed=True),
+    KnownBug("integer-wrap-assumed-away",
+             "int64 ReduceMax(Neg(x)) over a row with INT64_MIN gives INT64_MIN where onnxruntime wraps and gives "
+             "the row's true max: TVM emits signed arithmetic as no-signed-wrap, so LLVM may rewrite through it",
+             (), ("int-neg-max-wrap",), _integer_wraps),
+    KnownBug("gather-sliced-away-index",
+             "an out-of-range Gather index in elements a Slice drops is never checked: the kernel computes only the "
+             "kept elements and returns where onnxruntime gathers all and raises",
+             (), ("gather-sliced-away-index",), _gather_cut_away),
+    KnownBug("fast-exp-flush",
+             "the fast exp (softmax, exp, sigmoid) flushes results below 2.4e-38 to 0, where onnxruntime returns "
+             "denormals: Log(Softmax) of a logit 100 below the max is -inf instead of -100",
+             (), ("softmax-denormal-log",), _exp_flushes),
+    KnownBug("max-nan-scalar-input",
+             "Max(in, x) with `in` a one-element input holding NaN gave x (the input was taken for a Clip bound, "
+             "NaN meaning no bound) where onnxruntime gives NaN",
+             (), ("max-nan-scalar-input",), _max_of_one_element, fixed=True),
+    KnownBug("sum-positive-zero-start",
+             "a float sum started from +0.0, so a row of -0.0 summed to +0.0 where onnxruntime gives -0.0 "
+             "(1 / ReduceMean of it +inf instead of -inf)",
+             (), ("reduce-sum-negative-zero",), _sums_zero_row, fixed=True),
+    KnownBug("gather-gatherelements-segfault",
+             "int32 GatherElements over a Gather(x, [-1, 0, -1]) result, with indices from an input: the kernel "
+             "crashes (SIGSEGV) on the fuzzer's input set where onnxruntime raises or returns; the base code crashes "
+             "too. Not minimised yet (the fuzzer's component as found)",
+             (), ("gather-gatherelements-segfault",), _crashes_in_gathers),
     KnownBug("cast-nan-to-int",
              "Cast float→int64 of NaN/±inf/out of range gives 0 or saturates where onnxruntime gives INT64_MIN "
              "(x86's cvttsd2si); a NaN-derived Gather index then reads a table value where onnxruntime raises",
@@ -182,10 +243,11 @@ KNOWN_BUGS = (
 
 
 def known_bug_of(model: onnx.ModelProto, output: str, kind: str, detail: str) -> KnownBug | None:
-    """The known bug a finding on `output` of the component `model` is an instance of, if any.
-    A finding without an output (an error) is matched against each output's cone."""
+    """The open known bug a finding on `output` of the component `model` is an instance of, if any.
+    A finding without an output (an error) is matched against each output's cone. A fixed bug
+    matches nothing: a finding that looks like it is a regression, and new."""
     cones = [Cone(model, o) for o in ([output] if output else [o.name for o in model.graph.output])]
-    return next((bug for bug in KNOWN_BUGS for cone in cones if bug.matches(cone, kind, detail)), None)
+    return next((bug for bug in KNOWN_BUGS if not bug.fixed for cone in cones if bug.matches(cone, kind, detail)), None)
 
 
 def all_exclusions() -> frozenset[str]:
