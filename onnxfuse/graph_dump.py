@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 
 from .errors import UsageError
+from .frontend.loader import load_model
+from .fusion.plan import plan_fusion
 from .ir import Graph, Node, Value
 
 REPORT_SUMMARY_FIELDS = ("output", "library", "seconds", "fused_fraction", "groups_compiled", "groups_cached",
@@ -132,9 +134,6 @@ def _attribute_text(value: Any, limit: int = 80) -> str:
 
 def model_dump(model: str, options, report: dict | None = None) -> dict:
     """Load and plan `model` (FusionOptions `options`), then dump it (with `report`'s facts, if given)."""
-    from .frontend.loader import load_model
-    from .fusion.plan import plan_fusion
-
     graph = load_model(model)
     return graph_dump(model, graph, plan_fusion(graph, options).to_json(), report)
 
