@@ -73,7 +73,14 @@ def _layout_groups_whole(scene: Scene, groups: list[Cluster], program: str) -> d
     group's nodes and inner edges are moved into its box. An edge into or out of a group is
     drawn to the group's rectangle, once per pair of boxes it joins."""
     owner = {box_id: group.name for group in groups for box_id in group.boxes}
-    inner_edges = {g.name: [(a, b) for a, b in scene.edges if owner.get(a) == owner.get(b) == g.name] for g in groups}
+    inner_edges: dict[str, list[tuple[str, str]]] = {g.name: [] for g in groups}
+    outer_pair: dict[tuple[str, str], tuple[str, str]] = {}  # a scene edge -> the outer boxes it joins
+    for a, b in scene.edges:
+        pair = (owner.get(a, a), owner.get(b, b))
+        if pair[0] == pair[1]:
+            inner_edges[pair[0]].append((a, b))
+        else:
+            outer_pair[(a, b)] = pair
     with ThreadPoolExecutor(max_workers=2) as pool:
         inner = dict(zip((g.name for g in groups), pool.map(
             lambda g: _run_dot(dot_source(Scene(f"{scene.name} {g.label}", {b: scene.boxes[b] for b in g.boxes},
@@ -81,11 +88,6 @@ def _layout_groups_whole(scene: Scene, groups: list[Cluster], program: str) -> d
                                scene.name, program), groups)))
     sizes = {g.name: (max(inner[g.name]["width"], len(g.label) * LABEL_POINTS_PER_CHAR + 16) + 2 * GROUP_PAD,
                       inner[g.name]["height"] + 2 * GROUP_PAD + GROUP_LABEL) for g in groups}
-    outer_pair = {}
-    for a, b in scene.edges:
-        pair = (owner.get(a, a), owner.get(b, b))
-        if pair[0] != pair[1]:
-            outer_pair[(a, b)] = pair
     outer_boxes = {b: box for b, box in scene.boxes.items() if b not in owner}
     outer_boxes.update({g.name: Box(g.name, [""], "group") for g in groups})
     outer = Scene(scene.name, outer_boxes, _groups_as_boxes(scene.root), list(dict.fromkeys(outer_pair.values())))
