@@ -454,13 +454,23 @@ def _run_compiles(pending: dict, tgt: Target, build_dir: Path, jobs: int, verify
     if not pending:
         return  # no worker process to start (each imports TVM: seconds)
     target_args = tgt.args
-    tasks = {key: (model_bytes, name, target_args, str(build_dir), verify, dup, weights)
+    parallel_levels = _parallel_levels(min(jobs, len(pending)))
+    tasks = {key: (model_bytes, name, target_args, str(build_dir), verify, dup, weights, parallel_levels)
              for key, (model_bytes, name, dup, weights) in pending.items()}
     if jobs == 1 and timeout is None:
         for key, args in tasks.items():
             yield key, compile_one(*args)
         return
     yield from run_with_deadline(compile_one, tasks, jobs, timeout, lambda reason: (None, {}, reason, 0.0))
+
+
+def _parallel_levels(workers: int) -> int:
+    """How many ISA levels each compile may build in forked children beside its own (compile.py):
+    each worker's share of the cores. A portable tree kernel is one group built three times, and
+    with one worker on two cores the other core idled through all three. The parent's own work
+    (the best level, then the verification kernel) is lighter than a child's (schedule and
+    build), so one process more than cores evens the load out; the OS shares the cores."""
+    return (os.cpu_count() or 1) // max(1, workers)
 
 
 def _build_library(kernels: list[GroupKernel], library: Path, tgt: Target) -> Path:

@@ -14,8 +14,10 @@ A target with several ISA levels gets all of that once per level, under level-su
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +31,7 @@ from ..target import Target
 from . import (
     bounds,
     empty_reductions,
+    forked_builds,
     ieee_order,
     nan_propagation,
     param_alignment,
@@ -37,8 +40,9 @@ from . import (
     relax_import,
     schedule,
 )
+from .host_kernel import host_functions, serial_loops
 from .level_objects import join_levels
-from .register_file import AVX512, RegisterFile
+from .register_file import RegisterFile
 
 
 @dataclass
@@ -48,9 +52,8 @@ class CompiledGroup:
     extra_weights: dict[str, np.ndarray]
     stats: dict
     _model: onnx.ModelProto = field(repr=False, default=None)
-    _fused: object = field(repr=False, default=None)  # the unscheduled fused PrimFunc, for run()
-    _host_kernel: object = field(repr=False, default=None)
-    _registers: RegisterFile = field(repr=False, default=AVX512)  # the target's, which shaped the schedule
+    _host_funcs: dict = field(repr=False, default=None)  # what run() builds (host_kernel.host_functions)
+    _host_kernel: dict = field(repr=False, default=None)  # those functions, built
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Runs the kernel in-process with TVM's runtime (for verification against onnxruntime)."""
@@ -77,16 +80,17 @@ class CompiledGroup:
             values.append(value.astype(tensor.dtype, copy=False))
         return values
 
-    def _kernel(self, bindings: dict[str, int]):
-        """The variant the runtime would call for these dims (see KernelSpec.small_batch_below),
-        with the same schedule and index checks but a serial tile loop, built for the host CPU
-        (the object file may be for another target; see schedule_group for why serial)."""
+    def build_host_kernel(self) -> None:
+        """Builds the in-process kernel now (run() would on its first call)."""
         if self._host_kernel is None:
-            max_duplication = self.stats.get("max_duplication", schedule.DEFAULT_MAX_DUPLICATION)
-            funcs = _variants(self._fused, self.spec.name, max_duplication, bool(self.spec.small_batch_below),
-                              self._registers, allow_parallel=False)[0]
-            ex = build_module(funcs, tvm.target.Target({"kind": "llvm"}))
-            self._host_kernel = {name: ex.mod[name] for name in funcs}
+            ex = build_module(self._host_funcs, tvm.target.Target({"kind": "llvm"}))
+            self._host_kernel = {name: ex.mod[name] for name in self._host_funcs}
+
+    def _kernel(self, bindings: dict[str, int]):
+        """The variant the runtime would call for these dims (see KernelSpec.small_batch_below):
+        the best level's schedule and index checks with its loops serial (host_kernel.py), built
+        for the host CPU (the object file may be for another target)."""
+        self.build_host_kernel()
         small = self.spec.small_batch_below and int(np.prod(list(bindings.values()))) < self.spec.small_batch_below
         return self._host_kernel[self.spec.small_name if small else self.spec.name]
 
@@ -130,25 +134,34 @@ def build_module(funcs: dict, tvm_target):
 
 
 def build_object(level_funcs: list, name: str, target: Target, out_dir: pathlib.Path,
-                 llvm_options: tuple[str, ...] = ()) -> pathlib.Path:
-    """`out_dir/<name>.o` from (level, functions) pairs, one per ISA level of `target`. One level
-    is built straight into it; several are built apart and joined (level_objects.py)."""
+                 llvm_options: tuple[str, ...] = (), parallel: int = 0,
+                 meanwhile: Callable[[], None] | None = None) -> pathlib.Path:
+    """`out_dir/<name>.o` from (level, functions) pairs, one per ISA level of `target`, best level
+    first; the functions may be a callable that schedules them. One level is built straight into
+    the object; several are built apart and joined (level_objects.py). The best level is built
+    in this process, then `meanwhile` runs; the other levels are scheduled and built meanwhile in
+    up to `parallel` forked children (forked_builds.py), or here afterwards (parallel=0)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.o"
-    if len(level_funcs) == 1:
-        level, funcs = level_funcs[0]
-        build_module(funcs, target.tvm_target(level, llvm_options)).mod.write_to_file(str(path))
-        return path
-    parts = []
-    for level, funcs in level_funcs:
-        part = out_dir / f"{name}.{level.suffix}.o"
+    parts = [path] if len(level_funcs) == 1 else [out_dir / f"{name}.{level.suffix}.o" for level, _ in level_funcs]
+
+    def build(level, funcs, part: pathlib.Path) -> None:
+        funcs = funcs() if callable(funcs) else funcs
         build_module(funcs, target.tvm_target(level, llvm_options)).mod.write_to_file(str(part))
-        parts.append(part)
-    return join_levels(parts, path, target)
+
+    def in_parent() -> None:
+        build(*level_funcs[0], parts[0])
+        if meanwhile is not None:
+            meanwhile()
+
+    others = [(level.name, functools.partial(build, level, funcs, part))
+              for (level, funcs), part in zip(level_funcs[1:], parts[1:])]
+    forked_builds.run_jobs(others, parallel, in_parent)
+    return path if len(parts) == 1 else join_levels(parts, path, target)
 
 
 def _variants(fused, name: str, max_duplication: int, small_variant: bool | None, registers: RegisterFile,
-              allow_parallel: bool = True, serial_variant: bool | None = None):
+              serial_variant: bool | None = None):
     """The kernel's functions (name → scheduled, index-checked PrimFunc), the main schedule's
     stats and the number of index checks. small_variant=None decides by the main schedule
     (schedule.needs_small_batch_variant); the variant is named by small_variant_name. A parallel
@@ -156,23 +169,19 @@ def _variants(fused, name: str, max_duplication: int, small_variant: bool | None
     data-dependent gathers (index checks): a depth-8 tree chain ran no faster with its twin
     (24.8 -> 24.1 us at batch 64, 289 -> 287 us at 1,000) and took 25-45% longer to compile.
     serial_variant=True/False overrides that choice (every ISA level must have the same variants)."""
-    scheduled, stats = _schedule_or_plain(fused, registers, allow_parallel, max_duplication=max_duplication)
+    scheduled, stats = _schedule_or_plain(fused, registers, max_duplication=max_duplication)
     checked, n_checks = bounds.add_index_checks(scheduled, name)
     funcs = {name: checked.with_attr("global_symbol", name)}
-
-    def add_variant(variant_name: str, **schedule_options) -> None:
-        func, _ = _schedule_or_plain(fused, registers, max_duplication=max_duplication, **schedule_options)
-        variant, _ = bounds.add_index_checks(func, variant_name)
-        funcs[variant_name] = variant.with_attr("global_symbol", variant_name)
-
     if small_variant is None:
         small_variant = schedule.needs_small_batch_variant(stats)
     if small_variant:
-        add_variant(small_variant_name(name), allow_parallel=allow_parallel, small_batch=True)
+        func, _ = _schedule_or_plain(fused, registers, max_duplication=max_duplication, small_batch=True)
+        variant, _ = bounds.add_index_checks(func, small_variant_name(name))
+        funcs[small_variant_name(name)] = variant.with_attr("global_symbol", small_variant_name(name))
     if serial_variant is None:
         serial_variant = schedule.needs_serial_variant(stats) and not n_checks
-    if serial_variant:
-        add_variant(serial_variant_name(name), allow_parallel=False)
+    if serial_variant:  # the main schedule with its loops serial (host_kernel.serial_loops)
+        funcs[serial_variant_name(name)] = serial_loops(checked).with_attr("global_symbol", serial_variant_name(name))
     return funcs, stats, n_checks
 
 
@@ -189,23 +198,6 @@ def llvm_options(target: Target, gather_chain: bool) -> tuple[str, ...]:
     return GATHER_CHAIN_LLVM_OPTIONS.get(target.arch, ()) if gather_chain else ()
 
 
-def _level_variants(fused, name: str, target: Target, max_duplication: int):
-    """Every ISA level's functions, as [(level, {name: PrimFunc})], best level first; the best
-    level's schedule stats and index checks. Each level is scheduled for its own register file
-    (register_file.py); the best level decides which variants exist, and the others follow it,
-    so the library's table is one shape for all levels."""
-    level_funcs, small, serial, best = [], None, None, None
-    for level in target.levels:
-        base = level_kernel_name(name, level.suffix, len(target.levels))
-        registers = register_file.for_target(target.tvm_target(level))
-        funcs, stats, n_checks = _variants(fused, base, max_duplication, small, registers, serial_variant=serial)
-        if best is None:
-            best = (stats, n_checks)
-            small, serial = small_variant_name(base) in funcs, serial_variant_name(base) in funcs
-        level_funcs.append((level, funcs))
-    return level_funcs, best[0], best[1], small, serial
-
-
 def compile_group(
     model: onnx.ModelProto,
     name: str,
@@ -213,53 +205,76 @@ def compile_group(
     out_dir: pathlib.Path,
     *,
     max_duplication: int = schedule.DEFAULT_MAX_DUPLICATION,
+    parallel_levels: int = 0,
+    host_kernel: bool = False,
 ) -> CompiledGroup:
     """Compiles one fused group into `out_dir/<name>.o`.
 
     max_duplication: how many times the schedule may re-emit (inline) one producer's expression
-    before it materialises it instead (see schedule.inline_cheap_producers)."""
+    before it materialises it instead (see schedule.inline_cheap_producers).
+    parallel_levels: how many of the ISA levels after the best may be scheduled and built in
+    forked children while this process builds the best one (0: one after another, here).
+    host_kernel: build the in-process kernel run() uses now, while those children work.
+
+    Each level is scheduled for its own register file (register_file.py); the best level decides
+    which variants exist, and the others follow it, so the library's table is one shape for all
+    levels. Stats: seconds_schedule is the best level's; seconds_build includes the others'."""
     if max_duplication < 1:
         raise CompileError(f"max_duplication: must be >= 1, got {max_duplication}")
     if not name.isidentifier():
         raise CompileError(f"name: {name!r} is not a C identifier")
     stats: dict = {}
     group = _stage("import", stats, lambda: relax_import.import_group(model, name))
-    registers = register_file.for_target(target.tvm_target())  # the best level's: see CompiledGroup._kernel
-    level_funcs, sched_stats, n_checks, small_variant, serial_variant = _stage(
-        "schedule", stats, lambda: _level_variants(group.prim_func, name, target, max_duplication))
+    levels = target.levels
+    best_name = level_kernel_name(name, levels[0].suffix, len(levels))
+    registers = register_file.for_target(target.tvm_target(levels[0]))
+    best_funcs, sched_stats, n_checks = _stage(
+        "schedule", stats, lambda: _variants(group.prim_func, best_name, max_duplication, None, registers))
+    small_variant = small_variant_name(best_name) in best_funcs
+    serial_variant = serial_variant_name(best_name) in best_funcs
+
+    def level_funcs(level) -> dict:
+        base = level_kernel_name(name, level.suffix, len(levels))
+        level_registers = register_file.for_target(target.tvm_target(level))
+        return _variants(group.prim_func, base, max_duplication, small_variant, level_registers,
+                         serial_variant=serial_variant)[0]
+
     options = llvm_options(target, sched_stats.gather_chain)
-    obj = _stage("build", stats, lambda: build_object(level_funcs, name, target, pathlib.Path(out_dir), options))
+    small_below = schedule.SMALL_BATCH_ROWS if small_variant else 0
+    inputs = tuple(TensorSpec(dtype, dims) for dtype, dims in group.input_types)
+    outputs = tuple(TensorSpec(dtype, dims) for dtype, dims in group.output_types)
+    try:
+        spec = KernelSpec(name, inputs, outputs, str(pathlib.Path(out_dir) / f"{name}.o"),
+                          small_batch_below=small_below,
+                          row_work=sched_stats.row_work if sched_stats.symbolic_rows else 0,
+                          serial_variant=serial_variant,
+                          levels=tuple(level.suffix for level in levels) if len(levels) > 1 else ())
+    except ValueError as exc:
+        raise CompileError(f"spec: {exc}") from exc
+    compiled = CompiledGroup(spec, tuple(group.arg_sources), dict(group.extra_weights), stats, model,
+                             host_functions(best_funcs, best_name, name))
+    jobs = [(levels[0], best_funcs)] + [(level, functools.partial(level_funcs, level)) for level in levels[1:]]
+    _stage("build", stats, lambda: build_object(jobs, name, target, pathlib.Path(out_dir), options, parallel_levels,
+                                                compiled.build_host_kernel if host_kernel else None))
     stats.update(sched_stats.as_dict())
     stats["llvm_options"] = " ".join(options)
     stats["max_duplication"] = max_duplication
     stats["index_checks"] = n_checks
-    small_below = schedule.SMALL_BATCH_ROWS if small_variant else 0
     stats["small_batch_variant_below"] = small_below
     stats["serial_variant"] = serial_variant
-    stats["isa_levels"] = ",".join(level.name for level in target.levels)
+    stats["isa_levels"] = ",".join(level.name for level in levels)
     stats["fused_prim_funcs"] = 1  # import_group fails unless main calls exactly one PrimFunc
-
-    inputs = tuple(TensorSpec(dtype, dims) for dtype, dims in group.input_types)
-    outputs = tuple(TensorSpec(dtype, dims) for dtype, dims in group.output_types)
-    try:
-        spec = KernelSpec(name, inputs, outputs, str(obj), small_batch_below=small_below,
-                          row_work=sched_stats.row_work if sched_stats.symbolic_rows else 0,
-                          serial_variant=serial_variant,
-                          levels=tuple(level.suffix for level in target.levels) if len(target.levels) > 1 else ())
-    except ValueError as exc:
-        raise CompileError(f"spec: {exc}") from exc
-    return CompiledGroup(spec, tuple(group.arg_sources), dict(group.extra_weights), stats, model, group.prim_func,
-                         _registers=registers)
+    return compiled
 
 
-def _schedule_or_plain(func, registers: RegisterFile, allow_parallel: bool = True,
+def _schedule_or_plain(func, registers: RegisterFile,
                        max_duplication: int = schedule.DEFAULT_MAX_DUPLICATION, small_batch: bool = False):
     """The tuned schedule, or (if TVM rejects it as a whole) the unscheduled function; either
     way with parameters at element alignment (param_alignment), every reduction's start written
     before its loop (empty_reductions), max/min propagating NaN (nan_propagation) and min/max
     reductions starting from ±inf (reduction_identities)."""
     try:
-        scheduled, stats = schedule.schedule_group(func, allow_parallel, max_duplication, small_batch, registers)
+        scheduled, stats = schedule.schedule_group(func, True, max_duplication, small_batch, registers)
     except Exception as exc:  # a last-resort fallback: a valid kernel beats no kernel
         scheduled, stats = func, schedule.ScheduleStats(skipped_steps=[f"whole schedule: {short_reason(exc)}"])
     written = empty_reductions.write_starts_first(scheduled)

@@ -39,7 +39,7 @@ from ..errors import CompileError
 from ..kernel_spec import KernelSpec, TensorSpec, level_kernel_name
 from ..target import Target
 from . import param_alignment, register_file
-from .compile import CompiledGroup, _stage, build_module, build_object
+from .compile import CompiledGroup, _stage, build_object
 from .recurrent_op import PackedWeights, RecurrentOp, pack_weights, read_recurrent_op
 
 TILE_ROWS = 4  # batch rows of the register tile: LSTM 4 rows x 4 gates = 16 accumulators
@@ -460,18 +460,8 @@ def is_recurrent_group(model: onnx.ModelProto) -> bool:
     return len(nodes) == 1 and nodes[0].op_type in ("LSTM", "GRU", "RNN") and nodes[0].domain in ("", "ai.onnx")
 
 
-@dataclass
-class CompiledRecurrent(CompiledGroup):
-    """A compiled sequence kernel; run() builds the same PrimFunc for the host CPU."""
-
-    def _kernel(self, bindings):
-        if self._host_kernel is None:
-            ex = build_module({self.spec.name: self._fused}, tvm.target.Target({"kind": "llvm"}))
-            self._host_kernel = ex.mod[self.spec.name]
-        return self._host_kernel
-
-
-def compile_recurrent(model: onnx.ModelProto, name: str, target: Target, out_dir: pathlib.Path) -> CompiledRecurrent:
+def compile_recurrent(model: onnx.ModelProto, name: str, target: Target, out_dir: pathlib.Path,
+                      parallel_levels: int = 0) -> CompiledGroup:
     """One object with the kernel built for each ISA level of `target`. The weights are packed
     once, for the best level's vector width (they are extra weights every level reads); a lower
     level runs those wider vectors as several of its own."""
@@ -489,7 +479,8 @@ def compile_recurrent(model: onnx.ModelProto, name: str, target: Target, out_dir
     for level in target.levels:
         level_name = level_kernel_name(name, level.suffix, len(target.levels))
         level_funcs.append((level, {level_name: func.with_attr("global_symbol", level_name)}))
-    obj = _stage("build", stats, lambda: build_object(level_funcs, name, target, pathlib.Path(out_dir)))
+    obj = _stage("build", stats, lambda: build_object(level_funcs, name, target, pathlib.Path(out_dir),
+                                                      parallel=parallel_levels))
     stats.update(kernel.stats)
     stats["isa_levels"] = ",".join(level.name for level in target.levels)
     levels = tuple(level.suffix for level in target.levels) if len(target.levels) > 1 else ()
@@ -497,5 +488,4 @@ def compile_recurrent(model: onnx.ModelProto, name: str, target: Target, out_dir
         spec = KernelSpec(name, tuple(kernel.inputs), tuple(kernel.outputs), str(obj), levels=levels)
     except ValueError as exc:
         raise CompileError(f"spec: {exc}") from exc
-    return CompiledRecurrent(spec, tuple(kernel.arg_sources), dict(kernel.extra_weights), stats, model, func,
-                             _registers=registers)
+    return CompiledGroup(spec, tuple(kernel.arg_sources), dict(kernel.extra_weights), stats, model, {name: func})

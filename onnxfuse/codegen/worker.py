@@ -33,25 +33,28 @@ GROUP_RTOL, GROUP_ATOL = 1e-3, 1e-4
 
 
 def compile_one(model_bytes: bytes, name: str, target_args: tuple, build_dir: str, verify: bool,
-                max_duplication: int = 1, weights: dict[str, np.ndarray] | None = None):
+                max_duplication: int = 1, weights: dict[str, np.ndarray] | None = None, parallel_levels: int = 0):
     """Compile and verify one group (runs in a worker process). Never raises for a bad group.
     `weights`: values for the model's inputs that are weights (kernel_identity.py), which the
-    kernel is verified with."""
+    kernel is verified with. `parallel_levels`: ISA levels built in forked children meanwhile
+    (compile.compile_group)."""
     started = time.perf_counter()
     group_model = onnx.load_from_string(model_bytes)
     try:
         tgt = resolve_target(*target_args)
         out_dir = Path(build_dir) / name
         out_dir.mkdir(parents=True, exist_ok=True)
+        verify = verify and tgt.name != "aarch64"  # a cross-compiled kernel cannot run here
         with native_stderr_captured() as messages:
             if is_recurrent_group(group_model):
-                compiled = compile_recurrent(group_model, name, tgt, out_dir)
+                compiled = compile_recurrent(group_model, name, tgt, out_dir, parallel_levels)
             else:
-                compiled = compile_group(group_model, name, tgt, out_dir, max_duplication=max_duplication)
+                compiled = compile_group(group_model, name, tgt, out_dir, max_duplication=max_duplication,
+                                         parallel_levels=parallel_levels, host_kernel=verify)
         info: dict = {"stats": _jsonable(compiled.stats)}
         if messages:
             info["tvm_messages"] = messages
-        if verify and tgt.name != "aarch64":
+        if verify:
             info["verify"] = verify_kernel(compiled, group_model, weights or {})
         kernel = GroupKernel(compiled.spec, tuple(compiled.arg_sources), dict(compiled.extra_weights))
         return kernel, info, None, time.perf_counter() - started
