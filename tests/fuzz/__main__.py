@@ -30,6 +30,7 @@ def main() -> int:
     tally = run_campaign(seconds, seed, size, config, out, jobs, log=lambda s: print(s, flush=True))
     by_count = sorted(tally.fused_ops.items(), key=lambda kv: -kv[1])
     print("fuzz: ops in compiled groups: " + ", ".join(f"{op} {n}" for op, n in by_count))
+    print("fuzz: graphs per ISA level: " + ", ".join(f"{level} {n}" for level, n in tally.levels.items()))
     for reason, count in sorted(tally.fallback_reasons.items(), key=lambda kv: -kv[1]):
         print(f"fuzz: {count} groups fell back: {reason}")
     for bug, count in sorted(tally.known.items()):

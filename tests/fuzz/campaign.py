@@ -26,6 +26,7 @@ from .execute import Case, Finding, Job, run_cases
 from .feeds import input_sets
 from .graphs import Component, GeneratorConfig, assemble, check, generate_component, prune
 from .known_bugs import known_bug_of
+from .levels import host_levels, level_for_batch
 
 ONNXFUSE = str(Path(sys.executable).with_name("onnxfuse"))
 
@@ -58,6 +59,7 @@ class Tally:
     known: dict[str, int] = field(default_factory=dict)
     fallback_reasons: dict[str, int] = field(default_factory=dict)
     fused_ops: dict[str, int] = field(default_factory=dict)  # op type → nodes of it inside compiled groups
+    levels: dict[str, int] = field(default_factory=dict)  # ISA level → graphs compiled for it
     seconds: dict[str, float] = field(default_factory=lambda: {"generate": 0.0, "optimize": 0.0, "check": 0.0})
     new: list[Failure] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
@@ -70,11 +72,13 @@ class OptimizeFailed(Exception):
     pass
 
 
-def optimize(model_path: Path, out_dir: Path, jobs: int = 2, timeout: float = 900) -> tuple[Path, Path | None, dict]:
-    """`onnxfuse optimize --select all --no-cache` in a child process: (fused model, library, report)."""
+def optimize(model_path: Path, out_dir: Path, jobs: int = 2, timeout: float = 900,
+             level_options: list[str] = ()) -> tuple[Path, Path | None, dict]:
+    """`onnxfuse optimize --select all --no-cache` in a child process: (fused model, library, report).
+    level_options: build one ISA level (levels.py); by default every portable level."""
     fused, report = out_dir / "fused.onnx", out_dir / "report.json"
     cmd = [ONNXFUSE, "optimize", str(model_path), "-o", str(fused), "--select", "all", "--no-cache",
-           "--jobs", str(jobs), "--report", str(report), "-q"]
+           "--jobs", str(jobs), "--report", str(report), "-q", *level_options]
     proc = subprocess.run(cmd, capture_output=True, timeout=timeout)
     if proc.returncode != 0:
         raise OptimizeFailed(f"exit {proc.returncode}: {proc.stderr.decode(errors='replace')[-1500:]}")
@@ -101,8 +105,10 @@ def runnable(component: Component) -> bool:
     return True
 
 
-def fuzz_batch(seed: int, size: int, config: GeneratorConfig, work: Path, tally: Tally, jobs: int = 2) -> None:
-    """Generate, compile and check one batch of `size` components; add what it found to `tally`."""
+def fuzz_batch(seed: int, size: int, config: GeneratorConfig, work: Path, tally: Tally, jobs: int = 2,
+               level: tuple[str, list[str]] | None = None) -> None:
+    """Generate, compile and check one batch of `size` components; add what it found to `tally`.
+    level: (name, optimize options) of the one ISA level to build (levels.py), else all."""
     rng = np.random.default_rng(seed)
     started = time.monotonic()
     components = []
@@ -119,7 +125,9 @@ def fuzz_batch(seed: int, size: int, config: GeneratorConfig, work: Path, tally:
     onnx.save(model, work / "model.onnx")
     generated = time.monotonic()
     tally.seconds["generate"] += generated - started
-    fused, library, report = optimize(work / "model.onnx", work, jobs)
+    fused, library, report = optimize(work / "model.onnx", work, jobs, level_options=level[1] if level else [])
+    if level:
+        tally.levels[level[0]] = tally.levels.get(level[0], 0) + len(components)
     optimized = time.monotonic()
     tally.seconds["optimize"] += optimized - generated
     tally.graphs += len(components)
@@ -171,11 +179,12 @@ def run_campaign(seconds: float, seed: int, size: int, config: GeneratorConfig, 
     """Batches until `seconds` run out; prints a line per batch and returns the tally."""
     tally = Tally()
     started, batch = time.monotonic(), 0
+    levels = host_levels()
     while time.monotonic() - started < seconds:
         work = out / f"batch{batch:04d}"
         before = len(tally.failures)
         try:
-            fuzz_batch(seed * 100_003 + batch, size, config, work, tally, jobs)
+            fuzz_batch(seed * 100_003 + batch, size, config, work, tally, jobs, level_for_batch(batch, levels))
         except (OptimizeFailed, subprocess.TimeoutExpired) as exc:
             log(f"fuzz: batch {batch} (seed {seed}): onnxfuse optimize failed: {str(exc)[:300]}")
             tally.crashes += 1
