@@ -60,3 +60,11 @@ def test_a_failing_parent_stops_its_children(tmp_path):
         run_jobs([("slow", slow)], 1, parent_fails)
     time.sleep(3.5)
     assert not marker.exists()
+
+
+def test_other_children_of_the_process_are_left_alone(tmp_path):
+    import subprocess
+
+    other = subprocess.Popen(["sh", "-c", "exit 3"])
+    run_jobs([("quick", _write(tmp_path / "q.txt", "q"))], 1, lambda: time.sleep(1))
+    assert other.wait(timeout=5) == 3  # still there to reap, with its own status

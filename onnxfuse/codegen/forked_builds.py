@@ -61,9 +61,8 @@ def run_jobs(jobs: Sequence[tuple[str, Callable[[], None]]], parallel: int, in_p
         _stop(running)
         raise
     while running:
-        pid, status = os.waitpid(-1, 0)
-        if pid not in running:
-            continue
+        pid = next(iter(running))  # the oldest: waiting for "any child" could reap one that is not ours
+        _, status = os.waitpid(pid, 0)
         name, reason_fd = running.pop(pid)
         failure = _failure(name, status, reason_fd)
         if failure:
