@@ -26,8 +26,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxfuse
 from onnxfuse.codegen import ieee_order
-from onnxfuse.codegen.recurrent import build_recurrent_kernel
-from onnxfuse.codegen.recurrent_op import read_recurrent_op
+from onnxfuse.codegen.recurrent import OVERLAP_CHUNK, _OverlappedProjection, build_recurrent_kernel
+from onnxfuse.codegen.recurrent_op import pack_weights, read_recurrent_op
 from onnxfuse.errors import CompileError
 from onnxfuse.frontend.loader import load_model
 from onnxfuse.fusion.plan import plan_fusion
@@ -40,15 +40,17 @@ SIZES = [(1, 1), (5, 3), (9, 6), (2, 8)]
 
 
 def recurrent_model(op: str, *, direction="forward", layout=0, states=False, seq_lens=False, peepholes=False,
-                    outputs=None, **attributes) -> onnx.ModelProto:
-    """One recurrent node with symbolic sequence and batch; states and sequence_lens are inputs."""
+                    outputs=None, steps=None, **attributes) -> onnx.ModelProto:
+    """One recurrent node with symbolic batch and sequence (static if `steps` is given); states and
+    sequence_lens are inputs."""
     rng = np.random.default_rng(7)
     d, g = (2 if direction == "bidirectional" else 1), GATES[op]
     weights = {"W": rng.standard_normal((d, g * HIDDEN, INPUT)) * 0.4, "R": rng.standard_normal((d, g * HIDDEN, HIDDEN)) * 0.4,
                "B": rng.standard_normal((d, 2 * g * HIDDEN)) * 0.3}
     if peepholes:
         weights["P"] = rng.standard_normal((d, 3 * HIDDEN)) * 0.3
-    seq_batch = ["seq", "batch"] if layout == 0 else ["batch", "seq"]
+    seq = steps if steps is not None else "seq"
+    seq_batch = [seq, "batch"] if layout == 0 else ["batch", seq]
     state_shape = [d, "batch", HIDDEN] if layout == 0 else ["batch", d, HIDDEN]
     inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [*seq_batch, INPUT])]
     names = ["X", "W", "R", "B", "", "", ""]
@@ -67,7 +69,7 @@ def recurrent_model(op: str, *, direction="forward", layout=0, states=False, seq
     while names and not names[-1]:
         names.pop()
     outputs = outputs or (["Y", "Y_h", "Y_c"] if op == "LSTM" else ["Y", "Y_h"])
-    y_shape = ["seq", d, "batch", HIDDEN] if layout == 0 else ["batch", "seq", d, HIDDEN]
+    y_shape = [seq, d, "batch", HIDDEN] if layout == 0 else ["batch", seq, d, HIDDEN]
     infos = [helper.make_tensor_value_info(o, TensorProto.FLOAT, y_shape if o == "Y" else state_shape) for o in outputs]
     node_outputs = [o if o in outputs else "" for o in (["Y", "Y_h", "Y_c"] if op == "LSTM" else ["Y", "Y_h"])]
     while not node_outputs[-1]:
@@ -146,6 +148,35 @@ def test_sequence_kernel_matches_onnxruntime(case, tmp_path, cache):
         reference = tmp_path / f"{case}.reference.onnx"
         onnx.save(seq_first_reference(model), reference)
     for seed, (steps, batch) in enumerate(SIZES):
+        expected, actual = run_both(reference, result.model_path, feeds_for(model, steps, batch, seed))
+        assert_outputs_match(expected, actual, rtol=1e-4, atol=1e-5)
+
+
+# A static sequence of whole chunks: the one-row tile projects the first chunk upfront and the
+# later ones inside the recurrence (recurrent._OverlappedProjection).
+OVERLAP_CASES = {
+    "lstm_forward_defaults": dict(op="LSTM"),
+    "lstm_bidirectional_states_lens_peepholes_clip": dict(op="LSTM", direction="bidirectional", states=True,
+                                                         seq_lens=True, peepholes=True, clip=1.5),
+    "lstm_reverse_layout1_input_forget": dict(op="LSTM", direction="reverse", layout=1, input_forget=1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OVERLAP_CASES))
+@pytest.mark.parametrize("steps", [2 * OVERLAP_CHUNK, 3 * OVERLAP_CHUNK])
+def test_the_projection_inside_the_recurrence_matches_onnxruntime(case, steps, tmp_path, cache):
+    model = recurrent_model(**OVERLAP_CASES[case], steps=steps)
+    op = read_recurrent_op(model)
+    assert _OverlappedProjection.plan(op, pack_weights(op, 16), tvm.tirx.const(steps, "int64")) is not None
+    original = tmp_path / f"{case}.onnx"
+    onnx.save(model, original)
+    result = onnxfuse.optimize(original, tmp_path / f"{case}.fused.onnx", verify=False, cache_dir=cache)
+    assert [o.status for o in result.outcomes] == ["compiled"], result.report["groups"]
+    reference = original
+    if OVERLAP_CASES[case].get("layout") == 1:
+        reference = tmp_path / f"{case}.reference.onnx"
+        onnx.save(seq_first_reference(model), reference)
+    for seed, batch in enumerate([1, 5]):  # one row; a full batch tile and one row
         expected, actual = run_both(reference, result.model_path, feeds_for(model, steps, batch, seed))
         assert_outputs_match(expected, actual, rtol=1e-4, atol=1e-5)
 
