@@ -23,11 +23,12 @@ import tvm
 import tvm.s_tir
 from conftest import assert_outputs_match, run_both
 from onnx import TensorProto, helper, numpy_helper
+from tvm import te
 
 import onnxfuse
 from onnxfuse.codegen import ieee_order
 from onnxfuse.codegen.recurrent import OVERLAP_CHUNK, _OverlappedProjection, build_recurrent_kernel
-from onnxfuse.codegen.recurrent_op import pack_weights, read_recurrent_op
+from onnxfuse.codegen.recurrent_op import pack_weights, rational_tanh, read_recurrent_op
 from onnxfuse.errors import CompileError
 from onnxfuse.frontend.loader import load_model
 from onnxfuse.fusion.plan import plan_fusion
@@ -218,6 +219,25 @@ def test_the_gate_math_survives_tvms_simplifier_as_named_values():
     with tvm.transform.PassContext(opt_level=3):
         simplified = tvm.s_tir.transform.StmtSimplify()(module)
     assert len(simplified["k"].script()) < 2 * len(module["k"].script())
+
+
+def test_the_rational_tanh_is_within_a_few_ulps_of_numpy():
+    """The kernels' tanh (recurrent_op.rational_tanh) built for this CPU, on [-12, 12] (into the
+    clamp) and on tiny values, where an absolute bound alone would hide a relative error."""
+    x = np.concatenate([np.linspace(-12, 12, 200001), 2.0 ** -np.arange(1, 60), -(2.0 ** -np.arange(1, 60))])
+    x = x.astype(np.float32)
+    data = te.placeholder((x.size,), "float32", name="x")
+    out = te.compute(data.shape, lambda i: rational_tanh(data[i]), name="tanh")
+    func = te.create_prim_func([data, out]).with_attr("global_symbol", "tanh")
+    built = tvm.compile(tvm.IRModule({"tanh": func}), target="llvm")
+    got = tvm.runtime.tensor(np.empty_like(x))
+    built["tanh"](tvm.runtime.tensor(x), got)
+    expected = np.tanh(x.astype(np.float64))
+    error = np.abs(got.numpy() - expected)
+    assert error.max() <= 4e-7
+    nonzero = expected != 0
+    assert (error[nonzero] / np.abs(expected[nonzero])).max() <= 4e-7
+    assert not got.numpy()[~nonzero].any()
 
 
 def test_a_recurrent_node_is_a_group_of_its_own(tmp_path):
