@@ -173,6 +173,7 @@ class _KernelWriter:
     """Emits the kernel's TIR with the IR builder; one method per loop nest."""
 
     overlap = True  # project later steps inside the recurrence where _OverlappedProjection allows
+    zero_state = False  # while writing a first step from a zero state: no GEMV
 
     def __init__(self, op: RecurrentOp, packed: PackedWeights, steps, batch):
         self.op, self.packed = op, packed
@@ -240,7 +241,15 @@ class _KernelWriter:
             self.projection(b, d, row0, rows)
         else:
             self.projection_of_steps(b, d, row0, overlap.chunk)
-        with T.serial(_i64(0), self.steps) as step:
+        first = 0
+        if b.init_h is None:  # the state starts at 0: the first step's h @ R^T is 0, R is not read
+            self.zero_state = True
+            with T.If(self.steps > 0):
+                with T.Then():
+                    self.step(b, d, row0, rows, T.Bind(self.time_of(d, _i64(0))), _i64(0), _i64(0), overlap)
+            self.zero_state = False
+            first = 1
+        with T.serial(_i64(first), self.steps) as step:
             t = T.Bind(self.time_of(d, step))
             self.step(b, d, row0, rows, t, step % 2, step, overlap)
         self.final_state(b, d, row0, rows)
@@ -350,6 +359,8 @@ class _KernelWriter:
                         b.acc.store(start(g, v, jb) if start else _f32(0.0), s * rows + r, g, v)
 
         def gemv_at(k):
+            if self.zero_state:
+                return
             for r in range(rows):
                 hk = lhs[lhs_index(r, k)]
                 for s, jb in enumerate(jbs):
@@ -359,8 +370,9 @@ class _KernelWriter:
                             b.acc.store(b.acc[a, g, v] + hk * weight(jb, k, g, v), a, g, v)
 
         def plain():
-            with T.serial(_i64(0), _i64(self.op.hidden)) as k:
-                gemv_at(k)
+            if not self.zero_state:
+                with T.serial(_i64(0), _i64(self.op.hidden)) as k:
+                    gemv_at(k)
 
         if project is None:
             plain()
