@@ -182,15 +182,24 @@ def test_the_projection_inside_the_recurrence_matches_onnxruntime(case, steps, t
         assert_outputs_match(expected, actual, rtol=1e-4, atol=1e-5)
 
 
+PORTABLE_CASES = {
+    "gru": dict(op="GRU", direction="bidirectional", linear_before_reset=1),
+    # the projection inside the recurrence (a static sequence of 2 chunks) at every level
+    "lstm_static_sequence": dict(op="LSTM", direction="bidirectional", peepholes=True, steps=2 * OVERLAP_CHUNK),
+}
+
+
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the x86-64 levels run on x86-64 hosts")
-def test_a_portable_build_matches_onnxruntime_at_every_level_this_cpu_runs(tmp_path, cache):
+@pytest.mark.parametrize("case", sorted(PORTABLE_CASES))
+def test_a_portable_build_matches_onnxruntime_at_every_level_this_cpu_runs(case, tmp_path, cache):
     """The portable target joins one kernel per ISA level into one object. Each level's entry point
     needs its own name: with one name for all levels, joining them failed and every recurrent op
     of a default (portable) build fell back to onnxruntime."""
-    model = recurrent_model("GRU", direction="bidirectional", linear_before_reset=1)
-    original = tmp_path / "gru.onnx"
+    model = recurrent_model(**PORTABLE_CASES[case])
+    original = tmp_path / f"{case}.onnx"
     onnx.save(model, original)
-    result = onnxfuse.optimize(original, tmp_path / "gru.fused.onnx", target="portable", verify=False, cache_dir=cache)
+    result = onnxfuse.optimize(original, tmp_path / f"{case}.fused.onnx", target="portable", verify=False,
+                               cache_dir=cache)
     assert [o.status for o in result.outcomes] == ["compiled"], result.report["groups"]
     probe = Path(__file__).resolve().parent / "portable" / "probe.py"
     ran = []
