@@ -14,6 +14,10 @@ then keeps the weights hot across steps. Here the whole sequence is one loop nes
                         Y[t] = the new h (0 for rows whose sequence has ended)
         Y_h, Y_c = the last state of each row
 
+At one row (batch 1, and the ragged rows) the LSTM projects only the first 8 steps upfront and
+the rest inside the recurrence, whose GEMV streams R from L2 with the FMA units half idle
+(_OverlappedProjection). Without initial_h the first step skips its GEMV: h starts at 0.
+
 The register tile of the recurrence (rows x gates vectors) computes all gates of the same hidden
 units together, so the gate math runs straight on the accumulators: no gates buffer, no
 separate elementwise pass. Rows are independent over the whole sequence, so a batch tile's state
