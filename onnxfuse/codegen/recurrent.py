@@ -30,6 +30,7 @@ direction starts at each row's last valid step; clip bounds every gate's pre-act
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 from dataclasses import dataclass, field
 
@@ -116,8 +117,9 @@ class _OverlappedProjection:
     input k) products of a chunk x group register tile, one every `spacing` k's of the GEMV. A
     chunk's work is (column vectors / group) x input_size items over chunk x blocks blocks.
 
-    Only for the LSTM, a static sequence that is a whole number (at least 2) of chunks, and sizes
-    that divide evenly; otherwise everything is projected upfront."""
+    Only for the LSTM, a sequence of at least 2 chunks (checked at run time when it is symbolic)
+    and sizes that divide evenly; otherwise everything is projected upfront. The last chunk may be
+    partial (its steps past the end repeat the last step)."""
 
     chunk: int
     group: int
@@ -127,7 +129,7 @@ class _OverlappedProjection:
     @staticmethod
     def plan(op: RecurrentOp, packed: PackedWeights, steps):
         chunk, group = OVERLAP_CHUNK, OVERLAP_GROUP
-        if not isinstance(steps, tvm.tirx.IntImm) or steps.value % chunk or steps.value < 2 * chunk:
+        if isinstance(steps, tvm.tirx.IntImm) and steps.value < 2 * chunk:
             return None
         if op.op_type != "LSTM":  # the GRUs already beat onnxruntime at batch 1 (docs/recurrent.md)
             return None
@@ -177,7 +179,7 @@ class _KernelWriter:
     """Emits the kernel's TIR with the IR builder; one method per loop nest."""
 
     overlap = True  # project later steps inside the recurrence where _OverlappedProjection allows
-    zero_state = False  # while writing a first step from a zero state: no GEMV
+    gemv_runs = None  # the condition under which a step's GEMV runs (None: always)
 
     def __init__(self, op: RecurrentOp, packed: PackedWeights, steps, batch):
         self.op, self.packed = op, packed
@@ -241,22 +243,28 @@ class _KernelWriter:
     def tile(self, b: _Buffers, d: int, row0, rows: int) -> None:
         self.initial_state(b, d, row0, rows)
         overlap = self.overlapped_projection(rows)
+        if overlap is not None and not isinstance(self.steps, tvm.tirx.IntImm):
+            with T.If(self.steps >= 2 * overlap.chunk):  # a symbolic sequence: both forms
+                with T.Then():
+                    self.sequence(b, d, row0, rows, overlap)
+                with T.Else():
+                    self.sequence(b, d, row0, rows, None)
+        else:
+            self.sequence(b, d, row0, rows, overlap)
+        self.final_state(b, d, row0, rows)
+
+    def sequence(self, b: _Buffers, d: int, row0, rows: int, overlap) -> None:
+        """The projection and the steps of one batch tile."""
         if overlap is None:
             self.projection(b, d, row0, rows)
         else:
             self.projection_of_steps(b, d, row0, overlap.chunk)
-        first = 0
-        if b.init_h is None:  # the state starts at 0: the first step's h @ R^T is 0, R is not read
-            self.zero_state = True
-            with T.If(self.steps > 0):
-                with T.Then():
-                    self.step(b, d, row0, rows, T.Bind(self.time_of(d, _i64(0))), _i64(0), _i64(0), overlap)
-            self.zero_state = False
-            first = 1
-        with T.serial(_i64(first), self.steps) as step:
+        with T.serial(_i64(0), self.steps) as step:
+            # Without initial_h the state starts at 0: the first step's h @ R^T is 0, R is not read.
+            self.gemv_runs = step > 0 if b.init_h is None else None
             t = T.Bind(self.time_of(d, step))
             self.step(b, d, row0, rows, t, step % 2, step, overlap)
-        self.final_state(b, d, row0, rows)
+            self.gemv_runs = None
 
     # -- state in and out ---------------------------------------------------------------------
     def initial_state(self, b, d, row0, rows):
@@ -363,8 +371,6 @@ class _KernelWriter:
                         b.acc.store(start(g, v, jb) if start else _f32(0.0), s * rows + r, g, v)
 
         def gemv_at(k):
-            if self.zero_state:
-                return
             for r in range(rows):
                 hk = lhs[lhs_index(r, k)]
                 for s, jb in enumerate(jbs):
@@ -374,7 +380,7 @@ class _KernelWriter:
                             b.acc.store(b.acc[a, g, v] + hk * weight(jb, k, g, v), a, g, v)
 
         def plain():
-            if not self.zero_state:
+            with self.if_gemv_runs():
                 with T.serial(_i64(0), _i64(self.op.hidden)) as k:
                     gemv_at(k)
 
@@ -400,7 +406,13 @@ class _KernelWriter:
         group = T.Bind(item0 // self.op.input_size)  # the tile's column vectors: group * plan.group + gv
         k0 = T.Bind(item0 % self.op.input_size)
         tile, tv0 = T.Bind(group * plan.group // per_tile), T.Bind(group * plan.group % per_tile)
-        times = [T.Bind(self.time_of(d, base + p)) for p in range(plan.chunk)]
+        steps = [base + p for p in range(plan.chunk)]
+        if not (isinstance(self.steps, tvm.tirx.IntImm) and self.steps.value % plan.chunk == 0):
+            # A partial last chunk: its steps past the end are the last step again. Every copy
+            # starts from the same partial sums and adds the same products, so they all store
+            # the same value into the last step's row.
+            steps = [tvm.tirx.min(s, self.steps - 1) for s in steps]
+        times = [T.Bind(self.time_of(d, s)) for s in steps]
         acc = b.acc_proj
         for p in range(plan.chunk):
             with T.unroll(_i64(0), _i64(plan.group)) as gv:
@@ -409,8 +421,9 @@ class _KernelWriter:
                     acc.store(tvm.tirx.Select(k0 == 0, b.b_in[d, c, v], b.xp[times[p], c, v]), p, gv, v)
         inner = T.unroll if plan.spacing <= 8 else T.serial
         with T.serial(_i64(0), _i64(plan.items)) as i:
-            with inner(_i64(0), _i64(plan.spacing)) as kk:
-                gemv_at(i * plan.spacing + kk)
+            with self.if_gemv_runs():
+                with inner(_i64(0), _i64(plan.spacing)) as kk:
+                    gemv_at(i * plan.spacing + kk)
             k_in = k0 + i
             for p in range(plan.chunk):
                 xk = self.x_at(b, times[p], row0, k_in)
@@ -421,6 +434,17 @@ class _KernelWriter:
             with T.unroll(_i64(0), _i64(plan.group)) as gv:
                 with T.vectorized(_i64(0), _i64(lanes)) as v:
                     T.buffer_store(b.xp, acc[p, gv, v], [times[p], group * plan.group + gv, v])
+
+    @contextlib.contextmanager
+    def if_gemv_runs(self):
+        """The body only when the step's GEMV runs (a loop-invariant branch, not a second copy
+        of the step: the gate math is most of the kernel's code)."""
+        if self.gemv_runs is None:
+            yield
+            return
+        with T.If(self.gemv_runs):
+            with T.Then():
+                yield
 
     def sweep_blocks(self, sweep, cur, span: int, reverse=False) -> list:
         """The column blocks of the sweep's iteration, `span` at a time: forward on even steps,
