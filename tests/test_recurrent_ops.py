@@ -23,11 +23,12 @@ import tvm
 import tvm.s_tir
 from conftest import assert_outputs_match, run_both
 from onnx import TensorProto, helper, numpy_helper
+from tvm import te
 
 import onnxfuse
 from onnxfuse.codegen import ieee_order
-from onnxfuse.codegen.recurrent import build_recurrent_kernel
-from onnxfuse.codegen.recurrent_op import read_recurrent_op
+from onnxfuse.codegen.recurrent import OVERLAP_CHUNK, _OverlappedProjection, build_recurrent_kernel
+from onnxfuse.codegen.recurrent_op import pack_weights, rational_tanh, read_recurrent_op
 from onnxfuse.errors import CompileError
 from onnxfuse.frontend.loader import load_model
 from onnxfuse.fusion.plan import plan_fusion
@@ -40,15 +41,17 @@ SIZES = [(1, 1), (5, 3), (9, 6), (2, 8)]
 
 
 def recurrent_model(op: str, *, direction="forward", layout=0, states=False, seq_lens=False, peepholes=False,
-                    outputs=None, **attributes) -> onnx.ModelProto:
-    """One recurrent node with symbolic sequence and batch; states and sequence_lens are inputs."""
+                    outputs=None, steps=None, **attributes) -> onnx.ModelProto:
+    """One recurrent node with symbolic batch and sequence (static if `steps` is given); states and
+    sequence_lens are inputs."""
     rng = np.random.default_rng(7)
     d, g = (2 if direction == "bidirectional" else 1), GATES[op]
     weights = {"W": rng.standard_normal((d, g * HIDDEN, INPUT)) * 0.4, "R": rng.standard_normal((d, g * HIDDEN, HIDDEN)) * 0.4,
                "B": rng.standard_normal((d, 2 * g * HIDDEN)) * 0.3}
     if peepholes:
         weights["P"] = rng.standard_normal((d, 3 * HIDDEN)) * 0.3
-    seq_batch = ["seq", "batch"] if layout == 0 else ["batch", "seq"]
+    seq = steps if steps is not None else "seq"
+    seq_batch = [seq, "batch"] if layout == 0 else ["batch", seq]
     state_shape = [d, "batch", HIDDEN] if layout == 0 else ["batch", d, HIDDEN]
     inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [*seq_batch, INPUT])]
     names = ["X", "W", "R", "B", "", "", ""]
@@ -67,7 +70,7 @@ def recurrent_model(op: str, *, direction="forward", layout=0, states=False, seq
     while names and not names[-1]:
         names.pop()
     outputs = outputs or (["Y", "Y_h", "Y_c"] if op == "LSTM" else ["Y", "Y_h"])
-    y_shape = ["seq", d, "batch", HIDDEN] if layout == 0 else ["batch", "seq", d, HIDDEN]
+    y_shape = [seq, d, "batch", HIDDEN] if layout == 0 else ["batch", seq, d, HIDDEN]
     infos = [helper.make_tensor_value_info(o, TensorProto.FLOAT, y_shape if o == "Y" else state_shape) for o in outputs]
     node_outputs = [o if o in outputs else "" for o in (["Y", "Y_h", "Y_c"] if op == "LSTM" else ["Y", "Y_h"])]
     while not node_outputs[-1]:
@@ -150,15 +153,63 @@ def test_sequence_kernel_matches_onnxruntime(case, tmp_path, cache):
         assert_outputs_match(expected, actual, rtol=1e-4, atol=1e-5)
 
 
+# At one row the LSTM projects the first chunk of steps upfront and the later ones inside the
+# recurrence (recurrent._OverlappedProjection): sequences of 2 and 3 whole chunks, one with a
+# partial last chunk, and a symbolic sequence run at lengths of either kind and below 2 chunks
+# (the kernel then takes its other form).
+OVERLAP_CASES = {
+    "lstm_forward_defaults": dict(op="LSTM"),
+    "lstm_bidirectional_states_lens_peepholes_clip": dict(op="LSTM", direction="bidirectional", states=True,
+                                                         seq_lens=True, peepholes=True, clip=1.5),
+    "lstm_reverse_layout1_input_forget": dict(op="LSTM", direction="reverse", layout=1, input_forget=1),
+}
+OVERLAP_SEQUENCES = {  # the model's sequence dim → the lengths run
+    2 * OVERLAP_CHUNK: [2 * OVERLAP_CHUNK],
+    3 * OVERLAP_CHUNK: [3 * OVERLAP_CHUNK],
+    2 * OVERLAP_CHUNK + 5: [2 * OVERLAP_CHUNK + 5],
+    None: [2 * OVERLAP_CHUNK, 2 * OVERLAP_CHUNK + 5, OVERLAP_CHUNK + 1],
+}
+
+
+@pytest.mark.parametrize("case", sorted(OVERLAP_CASES))
+@pytest.mark.parametrize("sequence", list(OVERLAP_SEQUENCES), ids=lambda s: f"seq{s or '_symbolic'}")
+def test_the_projection_inside_the_recurrence_matches_onnxruntime(case, sequence, tmp_path, cache):
+    model = recurrent_model(**OVERLAP_CASES[case], steps=sequence)
+    op = read_recurrent_op(model)
+    steps = tvm.tirx.const(sequence, "int64") if sequence else tvm.tirx.Var("seq", "int64")
+    assert _OverlappedProjection.plan(op, pack_weights(op, 16), steps) is not None
+    original = tmp_path / f"{case}.onnx"
+    onnx.save(model, original)
+    result = onnxfuse.optimize(original, tmp_path / f"{case}.fused.onnx", verify=False, cache_dir=cache)
+    assert [o.status for o in result.outcomes] in (["compiled"], ["cached"]), result.report["groups"]
+    reference = original
+    if OVERLAP_CASES[case].get("layout") == 1:
+        reference = tmp_path / f"{case}.reference.onnx"
+        onnx.save(seq_first_reference(model), reference)
+    runs = [(length, batch) for length in OVERLAP_SEQUENCES[sequence] for batch in (1, 5)]  # 5: a full tile + 1 row
+    for seed, (length, batch) in enumerate(runs):
+        expected, actual = run_both(reference, result.model_path, feeds_for(model, length, batch, seed))
+        assert_outputs_match(expected, actual, rtol=1e-4, atol=1e-5)
+
+
+PORTABLE_CASES = {
+    "gru": dict(op="GRU", direction="bidirectional", linear_before_reset=1),
+    # the projection inside the recurrence (a static sequence of 2 chunks) at every level
+    "lstm_static_sequence": dict(op="LSTM", direction="bidirectional", peepholes=True, steps=2 * OVERLAP_CHUNK),
+}
+
+
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the x86-64 levels run on x86-64 hosts")
-def test_a_portable_build_matches_onnxruntime_at_every_level_this_cpu_runs(tmp_path, cache):
+@pytest.mark.parametrize("case", sorted(PORTABLE_CASES))
+def test_a_portable_build_matches_onnxruntime_at_every_level_this_cpu_runs(case, tmp_path, cache):
     """The portable target joins one kernel per ISA level into one object. Each level's entry point
     needs its own name: with one name for all levels, joining them failed and every recurrent op
     of a default (portable) build fell back to onnxruntime."""
-    model = recurrent_model("GRU", direction="bidirectional", linear_before_reset=1)
-    original = tmp_path / "gru.onnx"
+    model = recurrent_model(**PORTABLE_CASES[case])
+    original = tmp_path / f"{case}.onnx"
     onnx.save(model, original)
-    result = onnxfuse.optimize(original, tmp_path / "gru.fused.onnx", target="portable", verify=False, cache_dir=cache)
+    result = onnxfuse.optimize(original, tmp_path / f"{case}.fused.onnx", target="portable", verify=False,
+                               cache_dir=cache)
     assert [o.status for o in result.outcomes] == ["compiled"], result.report["groups"]
     probe = Path(__file__).resolve().parent / "portable" / "probe.py"
     ran = []
@@ -187,6 +238,25 @@ def test_the_gate_math_survives_tvms_simplifier_as_named_values():
     with tvm.transform.PassContext(opt_level=3):
         simplified = tvm.s_tir.transform.StmtSimplify()(module)
     assert len(simplified["k"].script()) < 2 * len(module["k"].script())
+
+
+def test_the_rational_tanh_is_within_a_few_ulps_of_numpy():
+    """The kernels' tanh (recurrent_op.rational_tanh) built for this CPU, on [-12, 12] (into the
+    clamp) and on tiny values, where an absolute bound alone would hide a relative error."""
+    x = np.concatenate([np.linspace(-12, 12, 200001), 2.0 ** -np.arange(1, 60), -(2.0 ** -np.arange(1, 60))])
+    x = x.astype(np.float32)
+    data = te.placeholder((x.size,), "float32", name="x")
+    out = te.compute(data.shape, lambda i: rational_tanh(data[i]), name="tanh")
+    func = te.create_prim_func([data, out]).with_attr("global_symbol", "tanh")
+    built = tvm.compile(tvm.IRModule({"tanh": func}), target="llvm")
+    got = tvm.runtime.tensor(np.empty_like(x))
+    built["tanh"](tvm.runtime.tensor(x), got)
+    expected = np.tanh(x.astype(np.float64))
+    error = np.abs(got.numpy() - expected)
+    assert error.max() <= 4e-7
+    nonzero = expected != 0
+    assert (error[nonzero] / np.abs(expected[nonzero])).max() <= 4e-7
+    assert not got.numpy()[~nonzero].any()
 
 
 def test_a_recurrent_node_is_a_group_of_its_own(tmp_path):

@@ -14,6 +14,10 @@ then keeps the weights hot across steps. Here the whole sequence is one loop nes
                         Y[t] = the new h (0 for rows whose sequence has ended)
         Y_h, Y_c = the last state of each row
 
+At one row (batch 1, and the ragged rows) the LSTM projects only the first 8 steps upfront and
+the rest inside the recurrence, whose GEMV streams R from L2 with the FMA units half idle
+(_OverlappedProjection). Without initial_h the first step skips its GEMV: h starts at 0.
+
 The register tile of the recurrence (rows x gates vectors) computes all gates of the same hidden
 units together, so the gate math runs straight on the accumulators: no gates buffer, no
 separate elementwise pass. Rows are independent over the whole sequence, so a batch tile's state
@@ -26,6 +30,7 @@ direction starts at each row's last valid step; clip bounds every gate's pre-act
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 from dataclasses import dataclass, field
 
@@ -98,6 +103,48 @@ class _ValueSlots:
         return bind
 
 
+OVERLAP_CHUNK = 8  # steps projected together inside the recurrence (W is read once per chunk)
+OVERLAP_GROUP = 2  # column vectors of that projection's register tile (8 x 2 accumulators)
+
+
+@dataclass(frozen=True)
+class _OverlappedProjection:
+    """The input projection woven into the recurrence, at one batch row.
+
+    At batch 1 a step streams all of R from L2 and the FMA units wait half the time. So only the
+    first chunk of steps is projected upfront; while the steps of chunk c run, the GEMV loop of
+    each column block also computes a share of chunk c + 1's projection: `items` (column group,
+    input k) products of a chunk x group register tile, one every `spacing` k's of the GEMV. A
+    chunk's work is (column vectors / group) x input_size items over chunk x blocks blocks.
+
+    Only for the LSTM, a sequence of at least 2 chunks (checked at run time when it is symbolic)
+    and sizes that divide evenly; otherwise everything is projected upfront. The last chunk may be
+    partial (its steps past the end repeat the last step)."""
+
+    chunk: int
+    group: int
+    items: int  # per block of the sweep
+    spacing: int
+
+    @staticmethod
+    def plan(op: RecurrentOp, packed: PackedWeights, steps):
+        chunk, group = OVERLAP_CHUNK, OVERLAP_GROUP
+        if isinstance(steps, tvm.tirx.IntImm) and steps.value < 2 * chunk:
+            return None
+        if op.op_type != "LSTM":  # the GRUs already beat onnxruntime at batch 1 (docs/recurrent.md)
+            return None
+        vectors = packed.blocks * op.gates
+        if vectors % group or packed.tile_vectors % group:
+            return None
+        items, blocks = vectors // group * op.input_size, chunk * packed.blocks
+        if items % blocks:
+            return None
+        per_block = items // blocks
+        if op.input_size % per_block or op.hidden % per_block:
+            return None
+        return _OverlappedProjection(chunk, group, per_block, op.hidden // per_block)
+
+
 def _i64(value):
     return tvm.tirx.const(value, I64) if isinstance(value, int) else value
 
@@ -124,11 +171,15 @@ class _Buffers:
     z: object = None  # and z, kept from the first phase, [TILE_ROWS, NB*V]
     acc: object = None  # the recurrence's register tile, [TILE_ROWS, G, V]
     acc_in: object = None  # the projection's register tile, [PROJECTION_ROWS, 4, V]
+    acc_proj: object = None  # the projection's tile inside the recurrence, [chunk, group, V]
     slots: object = None  # names of the gate math's values (_ValueSlots)
 
 
 class _KernelWriter:
     """Emits the kernel's TIR with the IR builder; one method per loop nest."""
+
+    overlap = True  # project later steps inside the recurrence where _OverlappedProjection allows
+    gemv_runs = None  # the condition under which a step's GEMV runs (None: always)
 
     def __init__(self, op: RecurrentOp, packed: PackedWeights, steps, batch):
         self.op, self.packed = op, packed
@@ -164,6 +215,7 @@ class _KernelWriter:
                     b.z = T.alloc_buffer((TILE_ROWS, hp), F32)
                 b.acc = _RegisterTile(TILE_ROWS, self.gates, self.lanes)
                 b.acc_in = _RegisterTile(PROJECTION_ROWS, 4, self.lanes)
+                b.acc_proj = _RegisterTile(OVERLAP_CHUNK, OVERLAP_GROUP, self.lanes)
                 b.slots = _ValueSlots(self.lanes)
                 if len(set(self.op.activations)) == 1:  # one loop over directions: half the code
                     with T.serial(_i64(0), _i64(len(self.op.directions))) as d:
@@ -190,11 +242,29 @@ class _KernelWriter:
 
     def tile(self, b: _Buffers, d: int, row0, rows: int) -> None:
         self.initial_state(b, d, row0, rows)
-        self.projection(b, d, row0, rows)
-        with T.serial(_i64(0), self.steps) as step:
-            t = T.Bind(self.time_of(d, step))
-            self.step(b, d, row0, rows, t, step % 2)
+        overlap = self.overlapped_projection(rows)
+        if overlap is not None and not isinstance(self.steps, tvm.tirx.IntImm):
+            with T.If(self.steps >= 2 * overlap.chunk):  # a symbolic sequence: both forms
+                with T.Then():
+                    self.sequence(b, d, row0, rows, overlap)
+                with T.Else():
+                    self.sequence(b, d, row0, rows, None)
+        else:
+            self.sequence(b, d, row0, rows, overlap)
         self.final_state(b, d, row0, rows)
+
+    def sequence(self, b: _Buffers, d: int, row0, rows: int, overlap) -> None:
+        """The projection and the steps of one batch tile."""
+        if overlap is None:
+            self.projection(b, d, row0, rows)
+        else:
+            self.projection_of_steps(b, d, row0, overlap.chunk)
+        with T.serial(_i64(0), self.steps) as step:
+            # Without initial_h the state starts at 0: the first step's h @ R^T is 0, R is not read.
+            self.gemv_runs = step > 0 if b.init_h is None else None
+            t = T.Bind(self.time_of(d, step))
+            self.step(b, d, row0, rows, t, step % 2, step, overlap)
+            self.gemv_runs = None
 
     # -- state in and out ---------------------------------------------------------------------
     def initial_state(self, b, d, row0, rows):
@@ -248,6 +318,35 @@ class _KernelWriter:
                 with T.vectorized(_i64(0), _i64(v_lanes)) as v:
                     T.buffer_store(b.xp, acc[q, c, v], [q0 + q, cb * per_tile + c, v])
 
+    def projection_of_steps(self, b, d, row0, count: int):
+        """At one row: xp[t] for the times of steps 0 .. count-1 only (the rest is projected
+        during the recurrence, _OverlappedProjection), PROJECTION_ROWS steps at a time."""
+        v_lanes, per_tile = self.lanes, self.packed.tile_vectors
+        acc = b.acc_in
+        with T.serial(_i64(0), _i64(self.packed.column_tiles)) as cb:
+            with T.serial(_i64(0), _i64(count // PROJECTION_ROWS)) as quad:
+                times = [T.Bind(self.time_of(d, quad * PROJECTION_ROWS + q)) for q in range(PROJECTION_ROWS)]
+                for q in range(PROJECTION_ROWS):
+                    with T.unroll(_i64(0), _i64(per_tile)) as c:
+                        with T.vectorized(_i64(0), _i64(v_lanes)) as v:
+                            acc.store(b.b_in[d, cb * per_tile + c, v], q, c, v)
+                with T.serial(_i64(0), _i64(self.op.input_size)) as k:
+                    for q in range(PROJECTION_ROWS):
+                        xk = self.x_at(b, times[q], row0, k)
+                        with T.unroll(_i64(0), _i64(per_tile)) as c:
+                            with T.vectorized(_i64(0), _i64(v_lanes)) as v:
+                                acc.store(acc[q, c, v] + xk * b.w_in[d, cb, k, c, v], q, c, v)
+                for q in range(PROJECTION_ROWS):
+                    with T.unroll(_i64(0), _i64(per_tile)) as c:
+                        with T.vectorized(_i64(0), _i64(v_lanes)) as v:
+                            T.buffer_store(b.xp, acc[q, c, v], [times[q], cb * per_tile + c, v])
+
+    def overlapped_projection(self, rows: int):
+        """The plan of the projection done inside the recurrence (or None: all of it upfront)."""
+        if rows != 1 or not self.overlap:
+            return None
+        return _OverlappedProjection.plan(self.op, self.packed, self.steps)
+
     # -- one time step ------------------------------------------------------------------------
     def span(self, rows: int, gates: int) -> int:
         """Column blocks one register tile covers. At batch 1 a block's tile is only `gates`
@@ -257,9 +356,10 @@ class _KernelWriter:
         keep one block: two blocks measured 0.93x (the step is bound by reading R from L2)."""
         return next(s for s in (4, 2, 1) if s == 1 or (self.blocks % s == 0 and s * rows <= TILE_ROWS and s * rows * gates <= 4))
 
-    def recurrent_sum(self, b, d, rows, lhs, lhs_index, jbs, gates, first_gate=0, start=None):
+    def recurrent_sum(self, b, d, rows, lhs, lhs_index, jbs, gates, first_gate=0, start=None, project=None):
         """acc[s * rows + r, g] = lhs[r] @ R[gate first_gate + g]^T over the columns of block
-        jbs[s]."""
+        jbs[s]. With `project` (overlap plan, step, sweep, row0) and a next chunk of steps to
+        project, the k loop also computes this block's share of that chunk's projection."""
         if b.w_rec_h is not None and first_gate == 2:
             weight = (lambda jb, k, g, v: b.w_rec_h[d, jb, k, g, v])
         else:
@@ -269,7 +369,8 @@ class _KernelWriter:
                 with T.unroll(_i64(0), _i64(gates)) as g:
                     with T.vectorized(_i64(0), _i64(self.lanes)) as v:
                         b.acc.store(start(g, v, jb) if start else _f32(0.0), s * rows + r, g, v)
-        with T.serial(_i64(0), _i64(self.op.hidden)) as k:
+
+        def gemv_at(k):
             for r in range(rows):
                 hk = lhs[lhs_index(r, k)]
                 for s, jb in enumerate(jbs):
@@ -277,6 +378,73 @@ class _KernelWriter:
                         with T.vectorized(_i64(0), _i64(self.lanes)) as v:
                             a = s * rows + r
                             b.acc.store(b.acc[a, g, v] + hk * weight(jb, k, g, v), a, g, v)
+
+        def plain():
+            with self.if_gemv_runs():
+                with T.serial(_i64(0), _i64(self.op.hidden)) as k:
+                    gemv_at(k)
+
+        if project is None:
+            plain()
+            return
+        plan, step, sweep, row0 = project
+        base = (step // plan.chunk + 1) * plan.chunk  # the first step of the chunk to project
+        with T.If(base < self.steps):
+            with T.Then():
+                self.gemv_with_projection(b, d, row0, plan, step, sweep, base, gemv_at)
+            with T.Else():
+                plain()
+
+    def gemv_with_projection(self, b, d, row0, plan, step, sweep, base, gemv_at):
+        """The k loop of one block with `plan.items` projection k's of the next chunk woven in, one
+        every `plan.spacing` k's of the GEMV: a register tile of the chunk's steps x `plan.group`
+        column vectors, started from the bias (or the partial sums of the block before) and
+        stored back to xp after the loop. The GEMV streams R from L2 with the FMA units half
+        idle; this tile's FMAs fill them, and W is read once per chunk."""
+        per_tile, lanes = self.packed.tile_vectors, self.lanes
+        item0 = T.Bind(((step % plan.chunk) * self.blocks + sweep) * plan.items)
+        group = T.Bind(item0 // self.op.input_size)  # the tile's column vectors: group * plan.group + gv
+        k0 = T.Bind(item0 % self.op.input_size)
+        tile, tv0 = T.Bind(group * plan.group // per_tile), T.Bind(group * plan.group % per_tile)
+        steps = [base + p for p in range(plan.chunk)]
+        if not (isinstance(self.steps, tvm.tirx.IntImm) and self.steps.value % plan.chunk == 0):
+            # A partial last chunk: its steps past the end are the last step again. Every copy
+            # starts from the same partial sums and adds the same products, so they all store
+            # the same value into the last step's row.
+            steps = [tvm.tirx.min(s, self.steps - 1) for s in steps]
+        times = [T.Bind(self.time_of(d, s)) for s in steps]
+        acc = b.acc_proj
+        for p in range(plan.chunk):
+            with T.unroll(_i64(0), _i64(plan.group)) as gv:
+                with T.vectorized(_i64(0), _i64(lanes)) as v:
+                    c = group * plan.group + gv
+                    acc.store(tvm.tirx.Select(k0 == 0, b.b_in[d, c, v], b.xp[times[p], c, v]), p, gv, v)
+        inner = T.unroll if plan.spacing <= 8 else T.serial
+        with T.serial(_i64(0), _i64(plan.items)) as i:
+            with self.if_gemv_runs():
+                with inner(_i64(0), _i64(plan.spacing)) as kk:
+                    gemv_at(i * plan.spacing + kk)
+            k_in = k0 + i
+            for p in range(plan.chunk):
+                xk = self.x_at(b, times[p], row0, k_in)
+                with T.unroll(_i64(0), _i64(plan.group)) as gv:
+                    with T.vectorized(_i64(0), _i64(lanes)) as v:
+                        acc.store(acc[p, gv, v] + xk * b.w_in[d, tile, k_in, tv0 + gv, v], p, gv, v)
+        for p in range(plan.chunk):
+            with T.unroll(_i64(0), _i64(plan.group)) as gv:
+                with T.vectorized(_i64(0), _i64(lanes)) as v:
+                    T.buffer_store(b.xp, acc[p, gv, v], [times[p], group * plan.group + gv, v])
+
+    @contextlib.contextmanager
+    def if_gemv_runs(self):
+        """The body only when the step's GEMV runs (a loop-invariant branch, not a second copy
+        of the step: the gate math is most of the kernel's code)."""
+        if self.gemv_runs is None:
+            yield
+            return
+        with T.If(self.gemv_runs):
+            with T.Then():
+                yield
 
     def sweep_blocks(self, sweep, cur, span: int, reverse=False) -> list:
         """The column blocks of the sweep's iteration, `span` at a time: forward on even steps,
@@ -286,7 +454,7 @@ class _KernelWriter:
         group = tvm.tirx.Select(forward, sweep, self.blocks // span - 1 - sweep)
         return [group * span + s for s in range(span)]
 
-    def step(self, b, d, row0, rows, t, cur):
+    def step(self, b, d, row0, rows, t, cur, step_index=None, overlap=None):
         op = self.op
         acts = op.activations[d] if isinstance(d, int) else op.activations[0]
         nxt = 1 - cur
@@ -320,7 +488,8 @@ class _KernelWriter:
                 self.recurrent_sum(b, d, rows, b.rh, lambda r, k: [r, k], jbs, 1, first_gate=2)
             else:
                 start = (lambda g, v, jb: tvm.tirx.Select(g == 2, b.b_rec[d, jb, v], _f32(0.0))) if b.b_rec is not None else None
-                self.recurrent_sum(b, d, rows, b.h, h_prev, jbs, gates, start=start)
+                project = (overlap, step_index, sweep, row0) if overlap is not None else None
+                self.recurrent_sum(b, d, rows, b.h, h_prev, jbs, gates, start=start, project=project)
             for s, jb, r in ((s, jb, r) for s, jb in enumerate(jbs) for r in range(rows)):
                 a = s * rows + r  # the register tile's row
                 with T.vectorized(_i64(0), _i64(lanes)) as v:
