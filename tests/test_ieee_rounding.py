@@ -15,7 +15,7 @@ from onnx_builder import model, node
 from test_ieee_order import assert_bitwise_equal, check_fused_matches_onnxruntime, fused_session, original_session
 
 from onnxfuse.codegen import compile as codegen_compile
-from onnxfuse.codegen import empty_reductions, register_file, relax_import
+from onnxfuse.codegen import empty_reductions, host_kernel, register_file, relax_import
 from onnxfuse.codegen.float16_as_onnxruntime import computed_as_onnxruntime
 
 F32, F16 = np.float32, np.float16
@@ -56,8 +56,8 @@ def _assembly(onnx_model: onnx.ModelProto, target: dict = X86_AVX512) -> str:
     tvm_target = tvm.target.Target(target)
     group = relax_import.import_group(onnx_model, "k")
     funcs, _, _ = codegen_compile._variants(group.prim_func, "k", 2, False, register_file.for_target(tvm_target),
-                                            allow_parallel=False, serial_variant=False)
-    return codegen_compile.build_module(funcs, tvm_target).mod.inspect_source("asm")
+                                            serial_variant=False)
+    return codegen_compile.build_module(host_kernel.host_functions(funcs, "k", "k"), tvm_target).mod.inspect_source("asm")
 
 
 def test_only_the_onnx_products_lose_their_fma():
