@@ -58,18 +58,43 @@ class Job:
 
 def exact_outputs(model: onnx.ModelProto) -> dict[str, bool]:
     """Whether every op upstream of each graph output is IEEE-exact (compare.py, rule 2)."""
+    return {name: not approximated for name, (approximated, _) in _upstream(model).items()}
+
+
+def approximation_precisions(model: onnx.ModelProto) -> dict[str, str | None]:
+    """For each graph output downstream of an approximation (compare.py, rule 3), the narrowest
+    float type an upstream value has: its ulps are the budget's (a float32 result cast to
+    float64 keeps float32's error); None for an exact output."""
+    return {name: precision if approximated else None for name, (approximated, precision) in _upstream(model).items()}
+
+
+_FLOAT_WIDTH = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"}
+_NARROWEST_FIRST = ("float16", "float32", "float64")
+
+
+def _upstream(model: onnx.ModelProto) -> dict[str, tuple[bool, str | None]]:
+    """Per graph output: (whether an op upstream is not IEEE-exact, the narrowest float type of
+    a value upstream, the output included)."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
     producers = {o: n for n in model.graph.node for o in n.output}
     out = {}
     for output in model.graph.output:
-        stack, seen, exact = [output.name], set(), True
+        stack, seen, approximated, floats = [output.name], set(), False, set()
         while stack:
-            n = producers.get(stack.pop())
-            if n is None or id(n) in seen:
+            value = stack.pop()
+            if value in seen:
                 continue
-            seen.add(id(n))
-            exact &= n.op_type in EXACT_OPS
+            seen.add(value)
+            if types.get(value) in _FLOAT_WIDTH:
+                floats.add(_FLOAT_WIDTH[types[value]])
+            n = producers.get(value)
+            if n is None:
+                continue
+            approximated |= n.op_type not in EXACT_OPS
             stack.extend(n.input)
-        out[output.name] = exact
+        out[output.name] = (approximated, next((f for f in _NARROWEST_FIRST if f in floats), None))
     return out
 
 
@@ -147,6 +172,7 @@ def _run(session, feeds):
 def _check(case: Case, original: onnx.ModelProto, fused: onnx.ModelProto, library, emit) -> list[Finding]:
     reference_model = prune(original, case.outputs)
     exact = exact_outputs(reference_model)
+    precision = approximation_precisions(reference_model)
     reference = _session(reference_model, None)
     emit({"event": "start", "case": case.id, "set": -1, "side": "fused"})
     try:
@@ -181,7 +207,7 @@ def _check(case: Case, original: onnx.ModelProto, fused: onnx.ModelProto, librar
             for name, e, a in zip(case.outputs, expected, actual):
                 if name in skipped:
                     continue
-                verdict = compare_output(np.asarray(e), np.asarray(a), exact[name], magnitude)
+                verdict = compare_output(np.asarray(e), np.asarray(a), exact[name], magnitude, precision[name])
                 if not verdict.ok:
                     findings.append(Finding(case.id, verdict.kind, name, number, verdict.detail))
     return findings
