@@ -1,0 +1,90 @@
+"""ONNX-level rewrite of a group: int64 lookup tables stored as int32, widened after the lookup.
+
+Tree programs (Hummingbird's tree_trav, perf_tree_trav) keep their node tables as int64
+initializers (feature ids, left and right children) and read them only through Gather. Each
+walk step loads a few entries at data-dependent positions, so the tables' size is the working
+set the kernel keeps in cache: a 100-tree depth-8 tree_trav reads 1.2 MB of int64 tables where
+int32 holds the same values in half. onnxruntime's TreeEnsemble keeps compact node records.
+
+A constant int64 table (an initializer of rank >= 1, not a graph input or output) whose values
+all fit in int32 and which is read only as the *data* of Gather or GatherElements becomes an int32
+initializer, and each lookup `Gather(T, i)` becomes `Cast(Gather(T32, i), to=int64)`. The values
+are integers, so the widened result is the same bits; the indices and so the kernel's index
+checks (bounds.py) are untouched. The int32 copy becomes one of the kernel's own weights
+(relax_import maps a lifted constant with no initializer of the same contents to an extra
+weight), as operand_layout's transposed weights do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+LOOKUPS = frozenset({"Gather", "GatherElements"})
+_INT32 = np.iinfo(np.int32)
+
+
+def _is_lookup(node: onnx.NodeProto) -> bool:
+    return node.domain in ("", "ai.onnx") and node.op_type in LOOKUPS
+
+
+def _has_subgraph(model: onnx.ModelProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+               for n in model.graph.node for a in n.attribute)
+
+
+def narrowable_tables(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """The int64 tables this rewrite narrows, as int32 arrays by initializer name."""
+    g = model.graph
+    if _has_subgraph(model):  # a body may read a table by name: not worth following
+        return {}
+    interface = {v.name for v in list(g.input) + list(g.output)}
+    candidates = {t.name: t for t in g.initializer
+                  if t.data_type == TensorProto.INT64 and len(t.dims) >= 1 and t.name not in interface}
+    read = set()
+    for node in g.node:
+        for position, name in enumerate(node.input):
+            if name not in candidates:
+                continue
+            if _is_lookup(node) and position == 0:
+                read.add(name)
+            else:
+                candidates.pop(name)
+    narrowed = {}
+    for name in [t.name for t in g.initializer if t.name in read and t.name in candidates]:  # model order
+        array = numpy_helper.to_array(candidates[name])
+        if array.size and _INT32.min <= array.min() and array.max() <= _INT32.max:
+            narrowed[name] = array.astype(np.int32)
+    return narrowed
+
+
+def narrowed_tables(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with its narrowable tables (see the module doc) stored as int32; the same object
+    when there are none."""
+    tables = narrowable_tables(model)
+    if not tables:
+        return model
+    narrow_names = {name: f"{name}__int32" for name in tables}
+    nodes: list[onnx.NodeProto] = []
+    for index, node in enumerate(model.graph.node):
+        if not (_is_lookup(node) and node.input and node.input[0] in tables):
+            nodes.append(node)
+            continue
+        narrow_out = f"{node.output[0]}__int32"
+        lookup = onnx.NodeProto()
+        lookup.CopyFrom(node)
+        lookup.input[0] = narrow_names[node.input[0]]
+        lookup.output[0] = narrow_out
+        widen_name = f"{node.name or f'lookup{index}'}__widen"
+        nodes += [lookup, helper.make_node("Cast", [narrow_out], [node.output[0]], name=widen_name,
+                                           to=TensorProto.INT64)]
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    del rewritten.graph.node[:]
+    rewritten.graph.node.extend(nodes)
+    kept = [t for t in rewritten.graph.initializer if t.name not in tables]
+    kept += [numpy_helper.from_array(array, narrow_names[name]) for name, array in tables.items()]
+    del rewritten.graph.initializer[:]
+    rewritten.graph.initializer.extend(kept)
+    return rewritten
