@@ -17,9 +17,9 @@ from onnx_builder import model, node
 import onnxfuse
 from onnxfuse.codegen import narrow_tables
 from onnxfuse.codegen.compile import compile_group
+from onnxfuse.frontend.loader import load_model
 from onnxfuse.fusion.extract import extract_group
 from onnxfuse.fusion.plan import plan_fusion
-from onnxfuse.frontend.loader import load_model
 from onnxfuse.session import quiet_session_options
 from onnxfuse.target import resolve_target
 
@@ -111,7 +111,7 @@ def test_kernel_reads_int32_tables_and_still_rejects_bad_indices(tmp_path):
     for bad in (N_NODES, -N_NODES - 1):
         feeds = _indices()
         feeds["idx"][0, 2] = bad
-        with pytest.raises(Exception):
+        with pytest.raises(Exception, match="out of data bounds"):
             _run(m, feeds)
         with pytest.raises(Exception, match="index out of range"):
             compiled.run(feeds)
