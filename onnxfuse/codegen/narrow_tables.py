@@ -1,4 +1,4 @@
-"""ONNX-level rewrite of a group: int64 lookup tables stored in 32 bits, widened after the lookup.
+"""ONNX-level rewrite of a group: int64 lookup tables stored as uint32, widened after the lookup.
 
 Tree programs (Hummingbird's tree_trav, perf_tree_trav) keep their node tables as int64
 initializers (feature ids, left and right children) and read them only through Gather. Each
@@ -7,20 +7,21 @@ set the kernel keeps in cache: a 100-tree depth-8 tree_trav reads 1.2 MB of int6
 32 bits hold the same values in half. onnxruntime's TreeEnsemble keeps compact node records.
 
 A constant int64 table (an initializer of rank >= 1, not a graph input or output) read only as
-the *data* of Gather or GatherElements becomes a 32-bit initializer when its values fit, and each
-lookup `Gather(T, i)` becomes `Cast(Gather(T32, i), to=int64)`. The values are integers, so the
-widened result is the same bits; the indices, and so the kernel's index checks (bounds.py), are
-untouched. The 32-bit copy becomes one of the kernel's own weights (relax_import maps a lifted
-constant with no initializer of the same contents to an extra weight), as operand_layout's
-transposed weights do.
+the *data* of Gather or GatherElements, whose values all lie in [0, 2^32), becomes a uint32
+initializer, and each lookup `Gather(T, i)` becomes `Cast(Gather(T32, i), to=int64)`. The values
+are integers, so the widened result is the same bits; the indices, and so the kernel's index
+checks (bounds.py), are untouched. The uint32 copy becomes one of the kernel's own weights
+(relax_import maps a lifted constant with no initializer of the same contents to an extra
+weight), as operand_layout's transposed weights do.
 
-A table with no negative value becomes uint32, else int32. The difference is measured: with
-int32 the widening is a sign-extending load, and the 100x8 forests ran 2-3% *slower* at batch 1
-(both programs) and perf_tree_trav 2-4% slower at 1,000 and 10,000 rows, though the kernels had
-the same instruction count. A zero-extended value is known to be >= 0, so the next lookup's
-negative-index wrap (`i < 0 ? i + n : i`) and the lower half of its index check fold away
-(the one-row kernels: tree_trav 436 -> 381 instructions, perf_tree_trav 425 -> 399), and the forests
-ran 3-8% faster at batch 1 (docs/benchmarks.md, "Trees").
+Why uint32 and nothing else, measured on the 100-tree depth-8 forests (docs/benchmarks.md,
+"Trees"): the widening is then a zero-extending load, whose value LLVM knows is >= 0, so when it
+indexes the next lookup, that lookup's negative-index wrap (`i < 0 ? i + n : i`) and the lower
+half of its index check fold away (the one-row kernels: tree_trav 436 -> 381 instructions,
+perf_tree_trav 425 -> 399); both programs ran 3-9% faster at batch 1 and 20-26% at 1,000 and
+10,000 rows. The same tables as int32 (a sign-extending load, the same instruction count as
+int64) ran 2-3% *slower* at batch 1, perf_tree_trav 2-4% slower at every batch: half the bytes
+alone did not pay. So tables with a negative value stay int64.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 LOOKUPS = frozenset({"Gather", "GatherElements"})
-_INT32 = np.iinfo(np.int32)
 _UINT32 = np.iinfo(np.uint32)
 
 
@@ -44,7 +44,7 @@ def _has_subgraph(model: onnx.ModelProto) -> bool:
 
 
 def narrowable_tables(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """The int64 tables this rewrite narrows, as uint32 or int32 arrays by initializer name."""
+    """The int64 tables this rewrite narrows, as uint32 arrays by initializer name."""
     g = model.graph
     if _has_subgraph(model):  # a body may read a table by name: not worth following
         return {}
@@ -63,31 +63,18 @@ def narrowable_tables(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     narrowed = {}
     for name in [t.name for t in g.initializer if t.name in read and t.name in candidates]:  # model order
         array = numpy_helper.to_array(candidates[name])
-        dtype = _narrow_type(array)
-        if dtype is not None:
-            narrowed[name] = array.astype(dtype)
+        if array.size and array.min() >= 0 and array.max() <= _UINT32.max:
+            narrowed[name] = array.astype(np.uint32)
     return narrowed
 
 
-def _narrow_type(array: np.ndarray):
-    """uint32 for values in [0, 2^32), else int32 if they fit, else None."""
-    if not array.size:
-        return None
-    low, high = int(array.min()), int(array.max())
-    if low >= 0 and high <= _UINT32.max:
-        return np.uint32
-    if _INT32.min <= low and high <= _INT32.max:
-        return np.int32
-    return None
-
-
 def narrowed_tables(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` with its narrowable tables (see the module doc) stored in 32 bits; the same object
+    """`model` with its narrowable tables (see the module doc) stored as uint32; the same object
     when there are none."""
     tables = narrowable_tables(model)
     if not tables:
         return model
-    narrow_names = {name: f"{name}__{array.dtype}" for name, array in tables.items()}
+    narrow_names = {name: f"{name}__uint32" for name in tables}
     nodes: list[onnx.NodeProto] = []
     for index, node in enumerate(model.graph.node):
         if not (_is_lookup(node) and node.input and node.input[0] in tables):
