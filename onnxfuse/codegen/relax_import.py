@@ -10,7 +10,7 @@ Steps (why each is needed: docs/codegen.md):
    constants. This is the single place that decides "argument vs embedded": a constant of
    rank >= 1 becomes a kernel argument, a scalar stays embedded. A lifted constant is mapped back
    to the initializer with identical contents when there is one, else it becomes an extra weight
-   (a transposed Gemm weight, operand_layout; an int64 table narrowed to int32, narrow_tables).
+   (a transposed Gemm weight, operand_layout; an int64 table narrowed to uint32, narrow_tables).
 3. Simplify, legalize to TIR, wrap the whole body in one primitive Relax function and FuseTIR it
    into a single PrimFunc.
 """
