@@ -9,7 +9,8 @@ Steps (why each is needed: docs/codegen.md):
    primitive function, and FoldConstant would otherwise expand table lookups into batch-sized
    constants. This is the single place that decides "argument vs embedded": a constant of
    rank >= 1 becomes a kernel argument, a scalar stays embedded. A lifted constant is mapped back
-   to the initializer with identical contents when there is one, else it becomes an extra weight.
+   to the initializer with identical contents when there is one, else it becomes an extra weight
+   (a transposed Gemm weight, operand_layout; an int64 table narrowed to uint32, narrow_tables).
 3. Simplify, legalize to TIR, wrap the whole body in one primitive Relax function and FuseTIR it
    into a single PrimFunc.
 """
@@ -29,7 +30,7 @@ from tvm.relax.frontend.onnx import from_onnx
 
 from ..errors import CompileError, short_reason
 from ..kernel_spec import DerivedDim, Dim
-from . import float16_as_onnxruntime, onnx_semantics, operand_layout
+from . import float16_as_onnxruntime, narrow_tables, onnx_semantics, operand_layout
 from .fast_math import FastMath
 from .fold_shape_take import FoldShapeTake
 from .legalize import CUSTOM_LEGALIZE
@@ -228,7 +229,8 @@ def graph_input_names(model: onnx.ModelProto) -> list[str]:
 
 
 def import_group(model: onnx.ModelProto, name: str, fast_math: bool = True) -> ImportedGroup:
-    as_onnxruntime = float16_as_onnxruntime.computed_as_onnxruntime(operand_layout.operands_in_place(model))
+    in_place = narrow_tables.narrowed_tables(operand_layout.operands_in_place(model))
+    as_onnxruntime = float16_as_onnxruntime.computed_as_onnxruntime(in_place)
     mod = _import(onnx_semantics.as_onnxruntime_computes(as_onnxruntime))
     try:
         mod, lifted = _lift_constants(ScalarOperands()(mod))
