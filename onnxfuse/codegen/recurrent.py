@@ -300,6 +300,12 @@ class _KernelWriter:
                 self.projection_rows(b, d, row0, rows, cb, q, 1)
 
     def projection_rows(self, b, d, row0, rows, cb, q0, count):
+        self.projection_tile(b, d, cb, count, lambda q, k: self.x_at(b, (q0 + q) // rows, row0 + (q0 + q) % rows, k),
+                             lambda q: q0 + q)
+
+    def projection_tile(self, b, d, cb, count: int, x_of, xp_row_of):
+        """Column tile cb of `count` projected rows: xp[xp_row_of(q)] = b_in + sum over k of
+        x_of(q, k) * w_in, the accumulators in registers (acc_in)."""
         v_lanes, per_tile = self.lanes, self.packed.tile_vectors
         acc = b.acc_in
         for q in range(count):
@@ -308,38 +314,23 @@ class _KernelWriter:
                     acc.store(b.b_in[d, cb * per_tile + c, v], q, c, v)
         with T.serial(_i64(0), _i64(self.op.input_size)) as k:
             for q in range(count):
-                pair = q0 + q
-                xk = self.x_at(b, pair // rows, row0 + pair % rows, k)
+                xk = x_of(q, k)
                 with T.unroll(_i64(0), _i64(per_tile)) as c:
                     with T.vectorized(_i64(0), _i64(v_lanes)) as v:
                         acc.store(acc[q, c, v] + xk * b.w_in[d, cb, k, c, v], q, c, v)
         for q in range(count):
             with T.unroll(_i64(0), _i64(per_tile)) as c:
                 with T.vectorized(_i64(0), _i64(v_lanes)) as v:
-                    T.buffer_store(b.xp, acc[q, c, v], [q0 + q, cb * per_tile + c, v])
+                    T.buffer_store(b.xp, acc[q, c, v], [xp_row_of(q), cb * per_tile + c, v])
 
     def projection_of_steps(self, b, d, row0, count: int):
         """At one row: xp[t] for the times of steps 0 .. count-1 only (the rest is projected
         during the recurrence, _OverlappedProjection), PROJECTION_ROWS steps at a time."""
-        v_lanes, per_tile = self.lanes, self.packed.tile_vectors
-        acc = b.acc_in
         with T.serial(_i64(0), _i64(self.packed.column_tiles)) as cb:
             with T.serial(_i64(0), _i64(count // PROJECTION_ROWS)) as quad:
                 times = [T.Bind(self.time_of(d, quad * PROJECTION_ROWS + q)) for q in range(PROJECTION_ROWS)]
-                for q in range(PROJECTION_ROWS):
-                    with T.unroll(_i64(0), _i64(per_tile)) as c:
-                        with T.vectorized(_i64(0), _i64(v_lanes)) as v:
-                            acc.store(b.b_in[d, cb * per_tile + c, v], q, c, v)
-                with T.serial(_i64(0), _i64(self.op.input_size)) as k:
-                    for q in range(PROJECTION_ROWS):
-                        xk = self.x_at(b, times[q], row0, k)
-                        with T.unroll(_i64(0), _i64(per_tile)) as c:
-                            with T.vectorized(_i64(0), _i64(v_lanes)) as v:
-                                acc.store(acc[q, c, v] + xk * b.w_in[d, cb, k, c, v], q, c, v)
-                for q in range(PROJECTION_ROWS):
-                    with T.unroll(_i64(0), _i64(per_tile)) as c:
-                        with T.vectorized(_i64(0), _i64(v_lanes)) as v:
-                            T.buffer_store(b.xp, acc[q, c, v], [times[q], cb * per_tile + c, v])
+                self.projection_tile(b, d, cb, PROJECTION_ROWS, lambda q, k: self.x_at(b, times[q], row0, k),
+                                     lambda q: times[q])
 
     def overlapped_projection(self, rows: int):
         """The plan of the projection done inside the recurrence (or None: all of it upfront)."""
