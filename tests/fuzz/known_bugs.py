@@ -225,10 +225,10 @@ KNOWN_BUGS = (
              "(1 / ReduceMean of it +inf instead of -inf)",
              (), ("reduce-sum-negative-zero",), _sums_zero_row, fixed=True),
     KnownBug("gather-gatherelements-segfault",
-             "int32 GatherElements over a Gather(x, [-1, 0, -1]) result, with indices from an input: the kernel "
-             "crashes (SIGSEGV) on the fuzzer's input set where onnxruntime raises or returns; the base code crashes "
-             "too. Not minimised yet (the fuzzer's component as found)",
-             (), ("gather-gatherelements-segfault",), _crashes_in_gathers),
+             "GatherElements over a Gather (int32, indices from an input): an index of 2^40 crashed the kernel "
+             "(SIGSEGV) where onnxruntime raises; the check of the GatherElements index and of the Gather index "
+             "read through it were one non-short-circuit condition, so the read came before its own check",
+             (), ("gather-gatherelements-segfault",), _crashes_in_gathers, fixed=True),
     KnownBug("cast-nan-to-int",
              "Cast float→int64 of NaN/±inf/out of range gives 0 or saturates where onnxruntime gives INT64_MIN "
              "(x86's cvttsd2si); a NaN-derived Gather index then reads a table value where onnxruntime raises",
