@@ -36,6 +36,7 @@ from . import (
     register_file,
     relax_import,
     schedule,
+    wrapping_integers,
 )
 from .level_objects import join_levels
 from .register_file import AVX512, RegisterFile
@@ -256,12 +257,13 @@ def _schedule_or_plain(func, registers: RegisterFile, allow_parallel: bool = Tru
                        max_duplication: int = schedule.DEFAULT_MAX_DUPLICATION, small_batch: bool = False):
     """The tuned schedule, or (if TVM rejects it as a whole) the unscheduled function; either
     way with parameters at element alignment (param_alignment), every reduction's start written
-    before its loop (empty_reductions), max/min propagating NaN (nan_propagation) and min/max
-    reductions starting from ±inf (reduction_identities)."""
+    before its loop (empty_reductions), max/min propagating NaN (nan_propagation), min/max
+    reductions starting from ±inf (reduction_identities) and integer arithmetic on data wrapping
+    (wrapping_integers)."""
     try:
         scheduled, stats = schedule.schedule_group(func, allow_parallel, max_duplication, small_batch, registers)
     except Exception as exc:  # a last-resort fallback: a valid kernel beats no kernel
         scheduled, stats = func, schedule.ScheduleStats(skipped_steps=[f"whole schedule: {short_reason(exc)}"])
     written = empty_reductions.write_starts_first(scheduled)
     ieee = reduction_identities.start_from_infinity(nan_propagation.propagate_nan(written))
-    return param_alignment.element_aligned(ieee), stats
+    return param_alignment.element_aligned(wrapping_integers.wrap_data_arithmetic(ieee)), stats

@@ -205,9 +205,9 @@ KNOWN_BUGS = (
              "arithmetic does not (2147483647 where onnxruntime gives 0)",
              (), ("int-min-identity-overflow",), _integer_minmax_identity, fixed=True),
     KnownBug("integer-wrap-assumed-away",
-             "int64 ReduceMax(Neg(x)) over a row with INT64_MIN gives INT64_MIN where onnxruntime wraps and gives "
-             "the row's true max: TVM emits signed arithmetic as no-signed-wrap, so LLVM may rewrite through it",
-             (), ("int-neg-max-wrap",), _integer_wraps),
+             "int64 ReduceMax(Neg(x)) over a row with INT64_MIN gave INT64_MIN where onnxruntime wraps and gives "
+             "the row's true max: TVM emits signed arithmetic as no-signed-wrap, so LLVM rewrote through it",
+             (), ("int-neg-max-wrap",), _integer_wraps, fixed=True),
     KnownBug("gather-sliced-away-index",
              "an out-of-range Gather index in elements a Slice drops is never checked: the kernel computes only the "
              "kept elements and returns where onnxruntime gathers all and raises",
