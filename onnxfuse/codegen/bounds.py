@@ -31,15 +31,15 @@ from . import integer_division, tir_walk
 ERROR_KIND = "IndexError"
 
 
-def _data_dependent_loads(expr):
+def data_dependent_loads(expr):
     for load in tir_walk.iter_loads(expr):
         if any(tir_walk.contains_load(i) for i in load.indices):
             yield load
 
 
-def _nesting(expr) -> int:
+def nesting(expr) -> int:
     """How deep loads nest in `expr`: 0 without loads, 1 for `a[i]`, 2 for `a[b[i]]`..."""
-    return max((1 + max((_nesting(i) for i in load.indices), default=0)
+    return max((1 + max((nesting(i) for i in load.indices), default=0)
                 for load in tir_walk.outer_loads(expr)), default=0)
 
 
@@ -52,7 +52,7 @@ def _index_conditions(block) -> list[list]:
     levels: dict[int, list] = {}
     seen = set()
     for expr in tir_walk.store_value_exprs(block):
-        for load in _data_dependent_loads(expr):
+        for load in data_dependent_loads(expr):
             for index, extent in zip(load.indices, load.source.shape):
                 if not tir_walk.contains_load(index):
                     continue
@@ -60,14 +60,19 @@ def _index_conditions(block) -> list[list]:
                 if key in seen:
                     continue
                 seen.add(key)
-                zero = tirx.const(0, index.ty.dtype if hasattr(index, "ty") else "int64")
-                if hasattr(index, "ty") and str(extent.ty.dtype) != str(index.ty.dtype):
-                    extent = tirx.Cast(index.ty.dtype, extent)
-                levels.setdefault(_nesting(index), []).append(tirx.all(zero <= index, index < extent))
+                levels.setdefault(nesting(index), []).append(in_range(index, extent))
     return [levels[depth] for depth in sorted(levels)]
 
 
-def _index_message(what: str) -> str:
+def in_range(index, extent):
+    """`0 <= index < extent`, in the index's type."""
+    zero = tirx.const(0, index.ty.dtype if hasattr(index, "ty") else "int64")
+    if hasattr(index, "ty") and str(extent.ty.dtype) != str(index.ty.dtype):
+        extent = tirx.Cast(index.ty.dtype, extent)
+    return tirx.all(zero <= index, index < extent)
+
+
+def index_message(what: str) -> str:
     return f"index out of range in {what} (a Gather/GatherElements index is outside its axis)"
 
 
@@ -106,7 +111,7 @@ def add_index_checks(func, what: str = "kernel"):
         block = sch.get(block_rv)
         if not hasattr(block.body, "value"):
             continue
-        checks = [(level, _index_message(what)) for level in _index_conditions(block)]
+        checks = [(level, index_message(what)) for level in _index_conditions(block)]
         zero_conditions = integer_division.zero_divisor_conditions(block)
         if zero_conditions:
             checks.append((zero_conditions, f"integer division by zero in {what}"))

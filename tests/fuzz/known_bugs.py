@@ -209,9 +209,9 @@ KNOWN_BUGS = (
              "the row's true max: TVM emits signed arithmetic as no-signed-wrap, so LLVM rewrote through it",
              (), ("int-neg-max-wrap",), _integer_wraps, fixed=True),
     KnownBug("gather-sliced-away-index",
-             "an out-of-range Gather index in elements a Slice drops is never checked: the kernel computes only the "
-             "kept elements and returns where onnxruntime gathers all and raises",
-             (), ("gather-sliced-away-index",), _gather_cut_away),
+             "an out-of-range Gather index in elements a Slice drops was never checked: the kernel computed only the "
+             "kept elements and returned where onnxruntime gathers all and raises",
+             (), ("gather-sliced-away-index",), _gather_cut_away, fixed=True),
     KnownBug("fast-exp-flush",
              "the fast exp (softmax, exp, sigmoid) flushes results below 2.4e-38 to 0, where onnxruntime returns "
              "denormals: Log(Softmax) of a logit 100 below the max is -inf instead of -100",
