@@ -213,9 +213,9 @@ KNOWN_BUGS = (
              "kept elements and returned where onnxruntime gathers all and raises",
              (), ("gather-sliced-away-index",), _gather_cut_away, fixed=True),
     KnownBug("fast-exp-flush",
-             "the fast exp (softmax, exp, sigmoid) flushes results below 2.4e-38 to 0, where onnxruntime returns "
-             "denormals: Log(Softmax) of a logit 100 below the max is -inf instead of -100",
-             (), ("softmax-denormal-log",), _exp_flushes),
+             "the fast exp (softmax, exp, sigmoid) flushed results below 2.4e-38 to 0, where onnxruntime returns "
+             "denormals: Log(Softmax) of a logit 100 below the max was -inf instead of -100",
+             (), ("softmax-denormal-log",), _exp_flushes, fixed=True),
     KnownBug("max-nan-scalar-input",
              "Max(in, x) with `in` a one-element input holding NaN gave x (the input was taken for a Clip bound, "
              "NaN meaning no bound) where onnxruntime gives NaN",
