@@ -73,3 +73,13 @@ def test_one_check_per_index_and_none_through_gathers():
     nests, _ = whole_index_checks.whole_gather_checks(relax_import.import_group(model_, "k").prim_func)
     assert len(nests) == 1
     assert "idx0[" in str(nests[0])
+
+
+def test_an_embedding_index_is_checked_once_not_per_column():
+    """Gather(table[100, 16], ids[N, 5]) has a [N, 5, 16] output whose index varies along N and 5
+    only: the check loops over those two axes, not 16 times over each index."""
+    m = model([node("Gather", ["table", "ids"], "g", axis=0), node("Neg", ["g"], "y")], {"ids": ("N", 5)},
+              {"y": ("N", 5, 16)}, {"table": np.ones((100, 16), F32)}, opset=17)
+    m.graph.input[0].type.tensor_type.elem_type = TensorProto.INT64
+    nests, _ = whole_index_checks.whole_gather_checks(relax_import.import_group(m, "k").prim_func)
+    assert len(nests) == 1 and "T.grid(N, T.int64(5))" in str(nests[0]) and "16" not in str(nests[0])

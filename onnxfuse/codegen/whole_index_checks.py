@@ -125,9 +125,14 @@ def _check_nest(block, stores: list, conditions: list[tuple[int, object]], what:
         guards.append(tirx.IfThenElse(tirx.Not(condition), failed, None))
     body = [*stores, *guards]
     nest = body[0] if len(body) == 1 else tirx.SeqStmt(body)
-    loop_vars = [tirx.Var(f"{iv.var.name}_checked", iv.var.ty.dtype) for iv in block.iter_vars]
-    nest = _substitute(nest, dict(zip([iv.var for iv in block.iter_vars], loop_vars)))
-    for iv, var in reversed(list(zip(block.iter_vars, loop_vars))):
+    # Only the axes the indices vary along: an embedding Gather's [N, S, D] output reads its index
+    # at [n, s], and looping over D too would check each index D times.
+    read = [iv for iv in block.iter_vars
+            if any(tir_walk.uses_var(c, iv.var) for _, c in conditions)
+            or any(tir_walk.uses_var(st.value, iv.var) for st in stores)]
+    loop_vars = [tirx.Var(f"{iv.var.name}_checked", iv.var.ty.dtype) for iv in read]
+    nest = _substitute(nest, dict(zip([iv.var for iv in read], loop_vars)))
+    for iv, var in reversed(list(zip(read, loop_vars))):
         nest = tirx.For(var, iv.dom.min, iv.dom.extent, tirx.ForKind.SERIAL, nest)
     return nest
 
