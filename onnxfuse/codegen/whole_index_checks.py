@@ -9,12 +9,13 @@ column 0 returned a value where onnxruntime raises.
 So for every gather in the group whose index comes from the group's inputs (directly, or through
 elementwise producers without gathers of their own, such as the importer's `i < 0 ? i + n : i`
 or a Floor -> Cast of a float input), the kernel first runs a loop nest over the gather's whole
-output domain that computes the index again and checks it, `0 <= index < extent`, failing as
-bounds.py's checks do. Gathers with the same domain and index share one nest. Indices computed
+output domain (the axes the index varies along) that computes the index again and checks it,
+`0 <= index < extent`, failing as bounds.py's checks do. Gathers with the same domain and index share one nest. Indices computed
 through other gathers (the tree chains' node indices) get none: it would compute the chain again
 per level, and a chain's gathers are read whole by the next level, whose own checks (bounds.py)
 cover them. On a depth-8 tree chain (one nest, over the root indices) the kernel's time did not
-move measurably (batch 1,000 and 64; medians of alternating rounds, within the VM's noise).
+move measurably (batch 1,000 and 64; medians of alternating rounds, within the VM's noise), nor
+did an embedding Gather's ([8, 128] ids into a [30000, 128] table: ratio 1.00).
 """
 
 from __future__ import annotations
