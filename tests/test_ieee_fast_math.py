@@ -45,8 +45,8 @@ def _fused_and_onnxruntime(op: str, x: np.ndarray, tmp_path):
 
 # op: [(inputs the bound covers, max ulps), ...], and the max absolute difference over the sweep
 BOUNDS = {
-    # Below -86.9 exp is under 2^-126 · 1.5: the fast exp flushes it to 0 (onnxruntime keeps subnormals).
-    "Exp": ([(lambda x: x >= -86.9, 1)], 2.4e-38, lambda x: x < -86.9),
+    # Below -87.3 exp is subnormal, as onnxruntime's is (it was flushed to 0): 1 subnormal ulp, 2^-149.
+    "Exp": ([(lambda x: np.ones_like(x, bool), 1)], 2.0**-149, lambda x: x < -86.9),
     "Tanh": ([(lambda x: np.ones_like(x, bool), 7)], 4.2e-7, None),
     # Under 1e-30 erf's result is under 1.2e-30 and topi's polynomial loses a few bits there.
     "Erf": ([(lambda x: np.abs(x) >= 1e-30, 7), (lambda x: np.abs(x) < 1e-30, 40)], 4.2e-7, None),
@@ -77,3 +77,27 @@ def test_fast_math_within_documented_ulps_of_onnxruntime(tmp_path, op):
 def test_fast_math_special_values_exact(tmp_path, op):
     got, expected = _fused_and_onnxruntime(op, SPECIALS[None], tmp_path)
     assert_bitwise_equal(got, expected)
+
+
+TAIL = np.linspace(-110, -80, 40_000, dtype=F32)  # exp subnormal from -87.3, 0 from -103.97
+TAILS = {  # op: (input, attributes): each output element is exp of one tail value (or about it)
+    "Exp": (TAIL.reshape(-1, WIDTH), {}),
+    "Softplus": (TAIL.reshape(-1, WIDTH), {}),  # log1p(exp(x)) is exp(x) there
+    "Softmax": (np.stack([np.zeros_like(TAIL), TAIL, TAIL, TAIL], 1), {"axis": -1}),  # the row's max is 0
+}
+
+
+@pytest.mark.parametrize("op", list(TAILS))
+def test_subnormal_results_are_onnxruntimes(tmp_path, op):
+    """Results under 2^-126 are subnormal, within 1 ulp of onnxruntime's, and 0 exactly where its
+    are: `Log(Softmax)` of a logit 100 below the row's max is -100, not -inf (fast_math.py)."""
+    x, attrs = TAILS[op]
+    m = model([node(op, ["x"], "a", **attrs), node("Neg", ["a"], "y")], {"x": ("N", x.shape[1])},
+              {"y": ("N", x.shape[1])}, opset=17)
+    cg = compile_group(m, "k", resolve_target("native"), tmp_path)
+    got = -cg.run({"x": x})[0]
+    (expected,) = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    expected = -expected
+    assert ((expected > 0) & (expected < 2.0**-126)).sum() > 10_000  # subnormals are what this tests
+    np.testing.assert_array_equal(got == 0, expected == 0)
+    assert np.abs(ordered(got.ravel()) - ordered(expected.ravel())).max() <= 1

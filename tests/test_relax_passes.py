@@ -94,3 +94,17 @@ def test_fast_math_replaces_sigmoid_and_keeps_nan_and_infinities():
     got, want = run_relax(after, feeds), onnxruntime_result(m, feeds)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("case", ["softplus", "exported_softmax", "exp"])
+def test_fast_math_knows_where_exp_reads_no_positive_value(case):
+    """exp(-|x|) (Softplus) and exp(x - max(x)) (a softmax exported as ops) read x <= 0: their
+    exp gets subnormal results without the split scale (fast_math.py) a general exp needs."""
+    max_node = node("ReduceMax", ["x"], "m", axes=[1], keepdims=1)
+    nodes = {"softplus": [node("Softplus", ["x"], "y")],
+             "exported_softmax": [max_node, node("Sub", ["x", "m"], "d"), node("Exp", ["d"], "y")],
+             "exp": [node("Exp", ["x"], "y")]}[case]
+    m = model(nodes, {"x": (2, 4)}, {"y": (2, 4)}, opset=17)
+    script = relax_import.import_group(m, "k").prim_func.script()
+    split = str(0x3F800000) in script  # _split_scale's 1.0 bits
+    assert split == (case == "exp")

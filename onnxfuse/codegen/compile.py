@@ -39,6 +39,8 @@ from . import (
     register_file,
     relax_import,
     schedule,
+    whole_index_checks,
+    wrapping_integers,
 )
 from .host_kernel import host_functions, serial_loops
 from .level_objects import join_levels
@@ -271,12 +273,14 @@ def _schedule_or_plain(func, registers: RegisterFile,
                        max_duplication: int = schedule.DEFAULT_MAX_DUPLICATION, small_batch: bool = False):
     """The tuned schedule, or (if TVM rejects it as a whole) the unscheduled function; either
     way with parameters at element alignment (param_alignment), every reduction's start written
-    before its loop (empty_reductions), max/min propagating NaN (nan_propagation) and min/max
-    reductions starting from ±inf (reduction_identities)."""
+    before its loop (empty_reductions), max/min propagating NaN (nan_propagation), min/max
+    reductions starting from ±inf (reduction_identities), integer arithmetic on data wrapping
+    (wrapping_integers) and every gather index from the inputs checked first (whole_index_checks)."""
     try:
         scheduled, stats = schedule.schedule_group(func, True, max_duplication, small_batch, registers)
     except Exception as exc:  # a last-resort fallback: a valid kernel beats no kernel
         scheduled, stats = func, schedule.ScheduleStats(skipped_steps=[f"whole schedule: {short_reason(exc)}"])
     written = empty_reductions.write_starts_first(scheduled)
     ieee = reduction_identities.start_from_infinity(nan_propagation.propagate_nan(written))
-    return param_alignment.element_aligned(ieee), stats
+    wrapping = wrapping_integers.wrap_data_arithmetic(ieee)
+    return param_alignment.element_aligned(whole_index_checks.check_whole_gathers_first(wrapping, func)), stats

@@ -9,6 +9,14 @@ Why our own exp (not topi.fast_exp): topi's rounds with floor, converts, adds an
 per 16 floats, against 14 here. In a 1000 x 256 softmax its loop was 63% of the kernel (perf),
 and the kernel 0.84x as fast as onnxruntime. It also returned inf for x in [88.38, 88.72],
 where exp is still finite; ours overflows where exp does.
+
+Results under 2^-126 (x below -87.3) are subnormal, as onnxruntime's are: flushed to 0 they
+made `Log(Softmax(x))` -inf for a logit 100 below its row's max (fuzzer). Where exp's argument is
+<= 0 by construction (softmax, an exported softmax, Softplus's exp(-|x|)) that costs nothing: the
+scale is offset by 2^64 and the polynomial by 2^-64. A general Exp needs a second scale factor,
+four more vector operations: an Exp-only kernel (1000 x 256) took 1.16-1.18x as long (medians of
+30 alternating rounds); softmax and Softplus kernels 1.00x. Sigmoid, tanh and log-softmax add 1
+to the exp (or sum a row holding exp(0) = 1) and keep the cheaper flushing form.
 """
 
 from __future__ import annotations
@@ -32,30 +40,64 @@ _ROUNDER = 1.5 * 2**23 + 126
 # Below: n - 1 <= -127, the scale's bits are 0, and exp is 0 (it is under 2.4e-38 there).
 # Above: the result overflows to inf in the last multiply; clamping keeps n + 126 < 256.
 _LOW, _HIGH = -126 * 0.6931471805599453, 89.0
+# With subnormal results: exp(-104) is under 2^-150, half the smallest subnormal, so rounds to 0
+# as exp of anything below does; n + 126 >= -24 keeps the rounder's bits an integer in [2^23, 2^24).
+_SUBNORMAL_LOW = -104.0
+# For x <= 0 (a softmax's x - max): the scale is 2^(n-1+64), normal for n down to -189, and the
+# polynomial's coefficients are scaled by 2^-64 (exactly: a power of two), so the one multiply
+# poly * scale rounds the true product once, into the subnormal range where it falls there.
+_NONPOSITIVE_OFFSET = 64
+_ONE_BITS = 0x3F800000
 
 
-def fast_exp_value(x, bind=lambda value: value):
+def _split_scale(poly, bits):
+    """poly * 2^(n-1) where the power may be subnormal (n - 1 down to -151), from `bits`, whose
+    low bits are n + 126: the power as two normal ones, 2^(n1-1) with n1 = max(n, -125) and
+    2^(n-n1), so poly * 2^(n1-1) is exact and the last multiply rounds once. Shifted, the bits'
+    exponent field n + 126 is a signed int32 multiple of 2^23 (the rounder's high bits shift out)."""
+    i32, f32 = "int32", "float32"
+    field = bits << tvm.tirx.const(23, i32)
+    # The max as floats: a field at or below 0 is a negative float (or +0), under 2^-126. (As
+    # integers, TVM's simplifier assumed the shift does not overflow and compared `bits` instead.)
+    high = tvm.tirx.max(tvm.tirx.const(2.0**-126, f32), tvm.tirx.reinterpret(f32, field))
+    low = field - tvm.tirx.reinterpret(i32, high) + tvm.tirx.const(_ONE_BITS, i32)
+    return poly * high * tvm.tirx.reinterpret(f32, low)
+
+
+def fast_exp_value(x, bind=lambda value: value, subnormal: bool = False, nonpositive: bool = False):
     """exp of one float32 PrimExpr. NaN stays NaN, +inf gives inf, -inf gives 0.
+
+    subnormal: results under 2^-126 (x below -87.3) are computed, not 0; where 1 is added to
+    the exp (sigmoid, tanh, the sum of a softmax row, which holds exp(0)) they make no difference.
+    With nonpositive (x <= 0 by construction, as in softmax) that costs nothing; otherwise four
+    more vector operations per element (_split_scale).
 
     `bind` names an intermediate value where the caller can (the IR builder's T.Bind): the
     expression reads x 18 times and its bits 2 times, and as a tree (not bound) LLVM's passes
     take seconds on a few hundred of them in one block (the recurrent kernels' gate math)."""
     f32 = "float32"
+    offset = _NONPOSITIVE_OFFSET if subnormal and nonpositive else 0
+    rounder = _ROUNDER + offset
+    low, high = (_SUBNORMAL_LOW if subnormal else _LOW), (0.0 if nonpositive else _HIGH)
     # Bound first: nan_propagation keeps max(bound, x) as is, which lets a NaN x through.
-    clamped = bind(tvm.tirx.max(tvm.tirx.const(_LOW, f32), tvm.tirx.min(tvm.tirx.const(_HIGH, f32), x)))
-    bits = bind(tvm.tirx.reinterpret("int32", clamped * tvm.tirx.const(_LOG2E, f32) + tvm.tirx.const(_ROUNDER, f32)))
+    clamped = bind(tvm.tirx.max(tvm.tirx.const(low, f32), tvm.tirx.min(tvm.tirx.const(high, f32), x)))
+    bits = bind(tvm.tirx.reinterpret("int32", clamped * tvm.tirx.const(_LOG2E, f32) + tvm.tirx.const(rounder, f32)))
     # Through the bits, so no simplifier folds (a + K) - K back to a.
-    n = bind(tvm.tirx.reinterpret(f32, bits) - tvm.tirx.const(_ROUNDER, f32))
+    n = bind(tvm.tirx.reinterpret(f32, bits) - tvm.tirx.const(rounder, f32))
     r = bind(clamped - n * tvm.tirx.const(_LN2_HI, f32) - n * tvm.tirx.const(_LN2_LO, f32))
-    poly = tvm.tirx.const(_TWICE_EXP_POLY[0], f32)
-    for c in _TWICE_EXP_POLY[1:]:
+    coefficients = [c * 2.0**-offset for c in _TWICE_EXP_POLY]
+    poly = tvm.tirx.const(coefficients[0], f32)
+    for c in coefficients[1:]:
         poly = poly * r + tvm.tirx.const(c, f32)
+    if subnormal and not nonpositive:
+        return _split_scale(poly, bits)
     scale = tvm.tirx.reinterpret(f32, bits << tvm.tirx.const(23, "int32"))
     return poly * scale
 
 
-def _fast_exp(x: te.Tensor) -> te.Tensor:
-    return te.compute(x.shape, lambda *i: fast_exp_value(x(*i)), name="fast_exp")
+def _fast_exp(x: te.Tensor, subnormal: bool = True, nonpositive: bool = False) -> te.Tensor:
+    return te.compute(x.shape, lambda *i: fast_exp_value(x(*i), subnormal=subnormal, nonpositive=nonpositive),
+                      name="fast_exp")
 
 
 def _fast_sigmoid(x: te.Tensor) -> te.Tensor:
@@ -78,16 +120,18 @@ def _fast_softmax(x: te.Tensor, axis: int) -> te.Tensor:
     vectorized) and divides every element; one reciprocal per row is what onnxruntime does."""
     axis = axis % len(x.shape)
     peak = topi.max(x, axis=axis, keepdims=True)
-    e = te.compute(x.shape, lambda *i: fast_exp_value(x(*i) - peak(*_row_of(i, axis))), name="softmax_exp")
+    e = te.compute(x.shape, lambda *i: fast_exp_value(x(*i) - peak(*_row_of(i, axis)), subnormal=True, nonpositive=True),
+                   name="softmax_exp")
     total = topi.sum(e, axis=axis, keepdims=True)
     inverse = te.compute(total.shape, lambda *i: tvm.tirx.const(1.0, x.dtype) / total(*i), name="softmax_inverse")
     return te.compute(x.shape, lambda *i: e(*i) * inverse(*_row_of(i, axis)), name="softmax")
 
 
 def _fast_log_softmax(x: te.Tensor, axis: int) -> te.Tensor:
-    """x - max - log(sum(exp(x - max))): a fast exp per element, libm's log once per row."""
+    """x - max - log(sum(exp(x - max))): a fast exp per element, libm's log once per row. The
+    sum holds exp(0) = 1, so subnormal terms cannot change it."""
     shifted = topi.subtract(x, topi.max(x, axis=axis, keepdims=True))
-    return topi.subtract(shifted, topi.log(topi.sum(_fast_exp(shifted), axis=axis, keepdims=True)))
+    return topi.subtract(shifted, topi.log(topi.sum(_fast_exp(shifted, subnormal=False), axis=axis, keepdims=True)))
 
 
 _REWRITES = {
@@ -108,7 +152,26 @@ class _FastMathRewriter(relax.PyExprMutator):
         rewrite = _REWRITES.get(op)
         if rewrite is None or call.args[0].ty.dtype != "float32":
             return call
+        if op == "relax.exp" and self._nonpositive(call.args[0]):
+            return self.builder_.call_te(lambda x: _fast_exp(x, nonpositive=True), call.args[0])
         return self.builder_.call_te(rewrite, call.args[0], call.attrs)
+
+    def _bound(self, expr, *ops: str):
+        """The call `expr` is bound to, if it is one of `ops`."""
+        value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+        return value if isinstance(value, relax.Call) and getattr(value.op, "name", None) in ops else None
+
+    def _nonpositive(self, expr) -> bool:
+        """Whether `expr` is <= 0 (or NaN) by construction: -|a| (Softplus, onnx_semantics.py) or
+        a - max(a) over an axis (an exported softmax), where exp needs no split scale."""
+        negation = self._bound(expr, "relax.negative")
+        if negation is not None:
+            return self._bound(negation.args[0], "relax.abs") is not None
+        difference = self._bound(expr, "relax.subtract")
+        if difference is None:
+            return False
+        peak = self._bound(difference.args[1], "relax.max")
+        return peak is not None and peak.args[0].same_as(difference.args[0]) and bool(peak.attrs.keepdims)
 
 
 FastMath = function_pass(

@@ -45,6 +45,17 @@ def iter_loads(expr) -> Iterator[TensorLoad]:
         stack.extend(_children(node))
 
 
+def outer_loads(expr) -> Iterator[TensorLoad]:
+    """The loads of `expr` that are not inside another load's indices."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, TensorLoad):
+            yield node
+        else:
+            stack.extend(_children(node))
+
+
 def expr_size(expr) -> int:
     """Nodes in `expr`'s tree (a shared subexpression counts once per use)."""
     size, stack = 0, [expr]

@@ -186,6 +186,15 @@ HANDWRITTEN = {
         _model([("ReduceMean", ["x"], "m", {"axes": [1], "keepdims": 1}), ("Reciprocal", ["m"], "y", {})],
                {"x": (F32, ROW)}, {"y": (F32, ("N", 1))}),
         {"x": np.array([[-0.0] * 4, [0.0, -0.0, -0.0, -0.0], [1, 2, 3, 4]], np.float32)}),
+    # GatherElements over a Gather with constant indices (the fuzzer's int32 component, minimised by
+    # hand): index 2^40 is out of range and onnxruntime raises; the kernel's check of it and of the
+    # Gather's index read from it were one `and`, which TIR evaluates whole, so it loaded the Gather's
+    # index 2^40 elements past its table first, and crashed (SIGSEGV).
+    "gather-gatherelements-segfault": lambda: (
+        _model([("Gather", ["x", "k"], "g", {"axis": 1}), ("GatherElements", ["g", "i"], "y", {"axis": 1})],
+               {"x": (I32, ("N", 2)), "i": (I64, ("N", 3))}, {"y": (I32, ("N", 3))},
+               {"k": np.array([-1, 0, -1], np.int64)}),
+        {"x": np.array([[-1, 5]], np.int32), "i": np.array([[2, 1 << 40, 0]], np.int64)}),
     # Cast float → int64 of NaN, ±inf, 1e30: onnxruntime gives INT64_MIN (x86's "integer indefinite").
     "cast-nan-int64": lambda: (
         _model([("Neg", ["x"], "n", {}), ("Cast", ["n"], "i", {"to": I64}), ("Add", ["i", "one"], "y", {})],

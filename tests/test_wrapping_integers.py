@@ -1,0 +1,74 @@
+"""Integer arithmetic on data wraps as onnxruntime's does (codegen/wrapping_integers.py): where an
+add, sub or mul overflows, what reads it (a max, a comparison, a cast) sees the wrapped value, not
+what LLVM may assume from TVM's no-signed-wrap flags. Fused model through onnxruntime against
+onnxruntime on the original, bit for bit; and the pass itself on a kernel's TIR."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx_builder import model, node
+from test_ieee_order import check_fused_matches_onnxruntime
+
+from onnxfuse.codegen import relax_import, schedule, wrapping_integers
+
+TYPES = {"int32": (np.int32, TensorProto.INT32), "int64": (np.int64, TensorProto.INT64)}
+
+
+def _edges(dtype) -> np.ndarray:
+    """Rows with the type's extremes beside ordinary values."""
+    info = np.iinfo(dtype)
+    return np.array([[1, -5, info.min, 1], [2, 3, 4, 5], [info.max, info.min, -1, 0], [info.max, 7, info.max, 1]],
+                    dtype)
+
+
+CASES = {
+    # case: (nodes, initializers(dtype)); inputs a, b of shape (N, width), output y
+    # -x of INT_MIN is INT_MIN; max(-a, -b) rewritten as -min(a, b) gave INT_MIN for the row's max.
+    "reduce_max_of_neg": ([node("Neg", ["a"], "n"), node("ReduceMax", ["n"], "y", axes=[1], keepdims=1)],
+                          lambda t: {}),
+    "max_of_negs": ([node("Neg", ["a"], "na"), node("Neg", ["b"], "nb"), node("Max", ["na", "nb"], "y")],
+                    lambda t: {}),
+    # a + 1 > a is false for INT_MAX (the sum wraps to INT_MIN).
+    "sum_compared": ([node("Add", ["a", "one"], "s"), node("Greater", ["s", "a"], "g"),
+                      node("Cast", ["g"], "y", to=TensorProto.INT32)],
+                     lambda t: {"one": np.array(1, t)}),
+    # The wrapped difference, then cast to float: (INT_MIN - 1) is INT_MAX.
+    "difference_cast": ([node("Sub", ["a", "b"], "d"), node("Cast", ["d"], "y", to=TensorProto.DOUBLE)],
+                        lambda t: {}),
+    "product_max": ([node("Mul", ["a", "b"], "p"), node("Max", ["p", "a"], "y")], lambda t: {}),
+}
+
+
+@pytest.mark.parametrize("width", [4, 64], ids=["narrow", "lanes"])  # 64: vectorized
+@pytest.mark.parametrize("type_name", list(TYPES))
+@pytest.mark.parametrize("case", list(CASES))
+def test_overflowing_integer_arithmetic_wraps(tmp_path, case, type_name, width):
+    dtype, onnx_type = TYPES[type_name]
+    nodes, inits = CASES[case]
+    m = model(nodes, {"a": ("N", width), "b": ("N", width)}, ["y"], inits(dtype), dtype=onnx_type, opset=17)
+    casts = [n for n in nodes if n.op_type == "Cast"]
+    out_type = casts[-1].attribute[0].i if casts else onnx_type
+    m.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info("y", out_type, None))
+    a = np.tile(_edges(dtype), (1, width // 4))
+    check_fused_matches_onnxruntime(m, {"a": a, "b": a[::-1].copy()}, tmp_path)
+
+
+def _scheduled(nodes, outputs, dtype):
+    m = model(nodes, {"a": ("N", 4), "b": ("N", 4)}, outputs, dtype=dtype, opset=18)
+    func, _ = schedule.schedule_group(relax_import.import_group(m, "k").prim_func, allow_parallel=False)
+    return func
+
+
+def test_only_observed_data_arithmetic_is_fenced():
+    """A max reading -a is fenced; a sum that is only stored is not (it costs a register move on
+    scalars, and nothing in the kernel looks at it)."""
+    observed = _scheduled([node("Neg", ["a"], "n"), node("Max", ["n", "b"], "y")], {"y": ("N", 4)},
+                          TensorProto.INT64)
+    stored = _scheduled([node("Add", ["a", "b"], "y")], {"y": ("N", 4)}, TensorProto.INT64)
+    assert wrapping_integers.wrap_data_arithmetic(observed).script().count("llvm.arithmetic.fence") == 1
+    assert "llvm.arithmetic.fence" not in wrapping_integers.wrap_data_arithmetic(stored).script()
+    narrow = _scheduled([node("Neg", ["a"], "n"), node("Max", ["n", "b"], "y")], {"y": ("N", 4)}, TensorProto.INT16)
+    assert "llvm.arithmetic.fence" not in wrapping_integers.wrap_data_arithmetic(narrow).script()
