@@ -207,7 +207,7 @@ KNOWN_BUGS = (
     KnownBug("integer-wrap-assumed-away",
              "int64 ReduceMax(Neg(x)) over a row with INT64_MIN gave INT64_MIN where onnxruntime wraps and gives "
              "the row's true max: TVM emits signed arithmetic as no-signed-wrap, so LLVM rewrote through it",
-             (), ("int-neg-max-wrap",), _integer_wraps, fixed=True),
+             (), ("int-neg-max-wrap", "int-add-compare-wrap"), _integer_wraps, fixed=True),
     KnownBug("gather-sliced-away-index",
              "an out-of-range Gather index in elements a Slice drops was never checked: the kernel computed only the "
              "kept elements and returned where onnxruntime gathers all and raises",
@@ -228,7 +228,7 @@ KNOWN_BUGS = (
              "GatherElements over a Gather (int32, indices from an input): an index of 2^40 crashed the kernel "
              "(SIGSEGV) where onnxruntime raises; the check of the GatherElements index and of the Gather index "
              "read through it were one non-short-circuit condition, so the read came before its own check",
-             (), ("gather-gatherelements-segfault",), _crashes_in_gathers, fixed=True),
+             (), ("gather-gatherelements-segfault", "gatherelements-nested-segfault"), _crashes_in_gathers, fixed=True),
     KnownBug("cast-nan-to-int",
              "Cast float→int64 of NaN/±inf/out of range gives 0 or saturates where onnxruntime gives INT64_MIN "
              "(x86's cvttsd2si); a NaN-derived Gather index then reads a table value where onnxruntime raises",
