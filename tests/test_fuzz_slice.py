@@ -101,3 +101,36 @@ def test_onnxruntime_matmul_transpose_fusion_raises_on_an_empty_batch():
         assert "MatmulTransposeFusion" in str(exc)
     else:  # a release that fixed it: the optimized graph then agrees with the unoptimized reference
         assert optimized.shape == (0, 5, 3), f"onnxruntime {ort.__version__}"
+
+
+def _integer_sum(dtype, proto_type):
+    graph = helper.make_graph([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)], "g",
+                              [helper.make_tensor_value_info("x", proto_type, ["N", 2])],
+                              [helper.make_tensor_value_info("y", proto_type, None)],
+                              [numpy_helper.from_array(np.array([1], np.int64), "axes")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=9)
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_onnxruntime_sums_integers_in_double_and_saturates():
+    """Why compare.py (rule 6) does not compare integer sums at the type's limits: onnxruntime's
+    int32 sum of [2^30, 2^30] is 2^31 - 1 (two's complement, as numpy and the kernels: -2^31),
+    and its int64 sum of [2^53 + 1, 0] is 2^53 (a double's rounding)."""
+    int32 = _integer_sum(np.int32, TensorProto.INT32).run(None, {"x": np.array([[2**30, 2**30]], np.int32)})[0]
+    assert int32[0] == np.iinfo(np.int32).max
+    assert np.array([[2**30, 2**30]], np.int32).sum(axis=1, dtype=np.int32)[0] == np.iinfo(np.int32).min
+    int64 = _integer_sum(np.int64, TensorProto.INT64).run(None, {"x": np.array([[2**53 + 1, 0]], np.int64)})[0]
+    assert int64[0] == 2**53
+
+
+def test_out_of_range_float_to_int_casts_are_not_compared():
+    """ONNX leaves them undefined; the fuzzer's probe rule skips exactly those input sets."""
+    from fuzz.execute import _rule_applies
+
+    rule = ("cast-range", np.int32)
+    assert _rule_applies(rule, np.array([3e9, 1.0]))
+    assert _rule_applies(rule, np.array([-2147483649.0]))
+    assert not _rule_applies(rule, np.array([2147483647.9, -2147483648.5, np.nan, np.inf]))
+    assert _rule_applies(("integer-sum", np.int32), np.array([5, np.iinfo(np.int32).max], np.int32))
+    assert not _rule_applies(("integer-sum", np.int64), np.array([2**52, -5], np.int64))
+    assert _rule_applies(("integer-sum", np.int64), np.array([2**53], np.int64))

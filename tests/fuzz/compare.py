@@ -25,6 +25,14 @@
    input set (execute.py checks the reduction's input). onnxruntime's answer there depends on
    where in the row the NaN is, and onnxfuse documents that its kernels may differ (README,
    "Status and limits").
+6. Not compared either, where onnxruntime's answer is off-spec or ONNX defines none, for that
+   input set: outputs downstream of a float → integer Cast whose input holds a finite value
+   outside the integer type's range (undefined in ONNX; onnxruntime gives INT_MIN, or, after its
+   graph rewrites drop a Cast pair, the low bits); and outputs downstream of an integer
+   ReduceSum/Mean/Prod/SumSquare/L1 whose onnxruntime result is the type's minimum or maximum, or
+   2^53 or more in magnitude for 64-bit types: onnxruntime accumulates those in double and
+   saturates (an int32 row [2^30, 2^30] sums to 2^31 - 1, an int64 [2^53 + 1, 0] to 2^53;
+   test_fuzz_slice.py pins both), where the kernels wrap as two's complement does.
 """
 
 from __future__ import annotations
