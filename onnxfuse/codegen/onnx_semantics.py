@@ -28,6 +28,9 @@ translates faithfully.
    `log1p(t) = u == 1 ? t : t * (log(u) / (u - 1))` (the quotient corrects the rounding of u;
    u - 1 is exact for t in [0, 1]). It is the same formula Eigen's log1p uses, which
    onnxruntime calls.
+4. Sign of a float16 NaN: onnxruntime's float16 Sign gives 0 (it tests x > 0 and x < 0), its
+   float32 and float64 Sign give NaN, as TVM's does for every type. A float16 Sign is written
+   `Where(IsNaN(x), 0, Sign(x))` (fuzzer, November 26: `Sign(1 / HardSigmoid(x))`, x NaN).
 """
 
 from __future__ import annotations
@@ -152,6 +155,15 @@ def _rewrite_softplus(node, elem_types, prefix: str):
     return b
 
 
+def _rewrite_float16_sign(node, elem_types, prefix: str):
+    if elem_types.get(node.input[0]) != TensorProto.FLOAT16:
+        return None
+    b = _Builder(prefix, np.float16)
+    x = node.input[0]
+    b.op("Where", b.op("IsNaN", x), b.constant(0.0), b.op("Sign", x), output=node.output[0])
+    return b
+
+
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     inferred = onnx.shape_inference.infer_shapes(model)
     graph = inferred.graph
@@ -161,9 +173,9 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` (a group) with Clip, float→int Cast and Softplus nodes rewritten as above; the same
-    object when there is nothing to rewrite."""
-    if not any(n.op_type in ("Clip", "Cast", "Softplus") and n.domain in ("", "ai.onnx") for n in model.graph.node):
+    """`model` (a group) with Clip, float→int Cast, Softplus and float16 Sign nodes rewritten as
+    above; the same object when there is nothing to rewrite."""
+    if not any(n.op_type in ("Clip", "Cast", "Softplus", "Sign") and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     elem_types = _elem_types(model)
@@ -177,6 +189,8 @@ def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
             rewrite = _rewrite_clip(node, elem_types, prefix, opset)
         elif node.domain in ("", "ai.onnx") and node.op_type == "Softplus":
             rewrite = _rewrite_softplus(node, elem_types, prefix)
+        elif node.domain in ("", "ai.onnx") and node.op_type == "Sign":
+            rewrite = _rewrite_float16_sign(node, elem_types, prefix)
         if rewrite is None:
             nodes.append(node)
             continue

@@ -33,6 +33,16 @@ def iter_nodes(expr) -> Iterator:
         stack.extend(_children(node))
 
 
+def iter_nodes_outside_indices(expr) -> Iterator:
+    """Every node of `expr`'s tree except those inside a load's indices, outer nodes first."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, TensorLoad):
+            stack.extend(_children(node))
+
+
 def iter_loads(expr) -> Iterator[TensorLoad]:
     """Every buffer load inside `expr`, outer loads before the loads in their indices."""
     stack = [expr]

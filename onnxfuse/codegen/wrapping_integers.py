@@ -76,7 +76,56 @@ def _fence_operands(node):
     return node if a.same_as(node.a) and b.same_as(node.b) else type(node)(a, b)
 
 
+def _one_element(buffer) -> bool:
+    return all(isinstance(d, tirx.IntImm) and d.value == 1 for d in buffer.shape)
+
+
+def _observed_buffers(func) -> list:
+    """One-element buffers a comparison, min, max, cast or division in a stored value reads
+    directly (or through a select's arms): a value stored there reaches that operation through
+    memory, and LLVM keeps a one-element intermediate in a register. Larger intermediates are
+    left alone: the tree chains store each level's `node + offset` in [N, trees] buffers that their
+    index normalization (`i < 0 ? i + n : i`) reads, and fencing those put 14 fences on the hot
+    path of a depth-8 chain; their values are node numbers, which do not overflow."""
+    buffers = []
+
+    def operand_loads(expr):
+        if isinstance(expr, tirx.Select):
+            yield from operand_loads(expr.true_value)
+            yield from operand_loads(expr.false_value)
+        elif isinstance(expr, tvm.ir.TensorLoad):
+            yield expr
+
+    def collect(node):
+        operands = [node.value] if isinstance(node, tirx.Cast) else [node.a, node.b]
+        for operand in operands:
+            buffers.extend(load.source for load in operand_loads(operand) if _one_element(load.source))
+
+    def in_store(store):
+        for node in tir_walk.iter_nodes_outside_indices(store.value):  # an index is not a value (see above)
+            if isinstance(node, _BINARY_OBSERVERS + (tirx.Cast,)):
+                collect(node)
+        return store
+
+    tvm_ffi.structural_map(func.body, [(tirx.BufferStore, in_store)], order="post")
+    return buffers
+
+
+def _fence_stores_into(buffers):
+    def fence_store(store):
+        if not any(store.buffer.same_as(b) for b in buffers):
+            return store
+        value = _observed(store.value)
+        return store if value.same_as(store.value) else tirx.BufferStore(store.buffer, value, list(store.indices))
+    return fence_store
+
+
 def wrap_data_arithmetic(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """`func` with every 32/64-bit integer add, sub and mul of data fenced where a comparison,
-    min, max, cast or division reads it."""
+    min, max, cast or division reads it: as its operand, or through a buffer it is stored in
+    (LLVM forwards a one-element intermediate's store to the load: int64 `Neg(s) >= 3` of a
+    [1, 1] input s = INT64_MIN was folded to `s <= -3`, fuzzer, November 26)."""
+    observed = _observed_buffers(func)
+    if observed:
+        func = tvm_ffi.structural_map(func, [(tirx.BufferStore, _fence_stores_into(observed))], order="post")
     return tvm_ffi.structural_map(func, [(_BINARY_OBSERVERS + (tirx.Cast,), _fence_operands)], order="post")

@@ -126,6 +126,10 @@ def _softplus_underflows(cone: Cone, kind: str, detail: str) -> bool:
     return kind in ("inf", "nan", "value", "exact") and bool(cone.ops("Softplus"))
 
 
+def _float16_sign_of_nan(cone: Cone, kind: str, detail: str) -> bool:
+    return kind == "nan" and any(cone.types.get(n.output[0]) == onnx.TensorProto.FLOAT16 for n in cone.ops("Sign"))
+
+
 def _integer_minmax_identity(cone: Cone, kind: str, detail: str) -> bool:
     return kind == "value" and any(cone.types.get(n.output[0]) in INT_TYPES for n in cone.ops("Min", "Max"))
 
@@ -196,6 +200,10 @@ KNOWN_BUGS = (
              "a reduction over the batch axis of an empty batch leaves its output unwritten (stale values of an "
              "earlier call) where the sum of nothing is 0 and the max -inf",
              ("reduce-over-batch",), ("reduce-empty-batch",), _reduces_empty_batch, fixed=True),
+    KnownBug("float16-sign-nan",
+             "Sign of a float16 NaN was NaN where onnxruntime's float16 Sign gives 0 (its float32 and float64 Sign "
+             "give NaN)",
+             (), ("float16-sign-nan",), _float16_sign_of_nan, fixed=True),
     KnownBug("softplus-underflow",
              "Softplus(x) is 0 for x below about -17 (log(1 + exp(x)) with 1 + exp(x) rounded to 1) where "
              "onnxruntime gives about exp(x); a reciprocal of it is then inf instead of up to 1e37",
@@ -207,7 +215,7 @@ KNOWN_BUGS = (
     KnownBug("integer-wrap-assumed-away",
              "int64 ReduceMax(Neg(x)) over a row with INT64_MIN gave INT64_MIN where onnxruntime wraps and gives "
              "the row's true max: TVM emits signed arithmetic as no-signed-wrap, so LLVM rewrote through it",
-             (), ("int-neg-max-wrap", "int-add-compare-wrap"), _integer_wraps, fixed=True),
+             (), ("int-neg-max-wrap", "int-add-compare-wrap", "int-neg-through-memory"), _integer_wraps, fixed=True),
     KnownBug("gather-sliced-away-index",
              "an out-of-range Gather index in elements a Slice drops was never checked: the kernel computed only the "
              "kept elements and returned where onnxruntime gathers all and raises",
