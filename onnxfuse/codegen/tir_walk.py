@@ -57,13 +57,7 @@ def iter_loads(expr) -> Iterator[TensorLoad]:
 
 def outer_loads(expr) -> Iterator[TensorLoad]:
     """The loads of `expr` that are not inside another load's indices."""
-    stack = [expr]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, TensorLoad):
-            yield node
-        else:
-            stack.extend(_children(node))
+    return (node for node in iter_nodes_outside_indices(expr) if isinstance(node, TensorLoad))
 
 
 def expr_size(expr) -> int:
