@@ -37,8 +37,9 @@ class ChildBuildFailed(RuntimeError):
 
 def run_jobs(jobs: Sequence[tuple[str, Callable[[], None]]], parallel: int, in_parent: Callable[[], None]) -> None:
     """Runs `in_parent` here while each (name, job) runs in a forked child, at most `parallel`
-    children at once; returns when all are done. The first failure (here or in a child) is raised
-    once every child has ended, a child's as ChildBuildFailed. parallel < 1, or no fork: all here."""
+    children at once; returns when all are done. A failure here kills the children and is
+    raised; a child's is raised as ChildBuildFailed once every child has ended (the first one's).
+    parallel < 1, or no fork: all here, in order."""
     if parallel < 1 or not sys.platform.startswith("linux"):
         in_parent()
         for _, job in jobs:

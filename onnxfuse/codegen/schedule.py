@@ -722,9 +722,9 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
                    small_batch: bool = False, registers: RegisterFile = AVX512) -> tuple[tvm.tirx.PrimFunc, ScheduleStats]:
     """Schedules the fused PrimFunc for CPU; never fails on a refused step (see module doc).
 
-    allow_parallel=False gives the same schedule with a serial tile loop: in-process verification
-    uses it, because TVM's own single-thread launcher ignores a failing task, so an index assert
-    inside a parallel loop would go unnoticed there. small_batch=True gives the variant for
+    allow_parallel=False gives the same schedule with a serial tile loop. The compiler does not
+    ask for it: host_kernel.serial_loops derives it from the parallel schedule without scheduling
+    again (test_host_kernel.py checks the two are equal). small_batch=True gives the variant for
     batches below SMALL_BATCH_ROWS (one row per tile, serial; see needs_small_batch_variant).
     registers: the target's vector registers, which size the GEMM register tile and every vector
     loop (register_file)."""
