@@ -39,6 +39,8 @@ from . import (
     register_file,
     relax_import,
     schedule,
+    tail_loops,
+    vector_isnan,  # noqa: F401 - imported for its effect: isnan vectorizes
     whole_index_checks,
     wrapping_integers,
 )
@@ -132,7 +134,7 @@ def build_module(funcs: dict, tvm_target):
     are fenced from the simplifier passes of TVM's lowering (ieee_order); LLVM drops the fences."""
     fenced = {name: ieee_order.fence(func) for name, func in funcs.items()}
     with tvm.transform.PassContext(opt_level=3, config=BUILD_CONFIG):
-        return tvm.compile(tvm.IRModule(fenced), target=tvm_target)
+        return tvm.compile(tvm.IRModule(fenced), target=tvm_target, tir_pipeline=tail_loops.PIPELINE)
 
 
 def build_object(level_funcs: list, name: str, target: Target, out_dir: pathlib.Path,

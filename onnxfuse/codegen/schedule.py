@@ -332,13 +332,15 @@ def _block_dtype(block) -> str:
     return str(block.writes[0].source.dtype) if block.writes else "float32"
 
 
-def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: RegisterFile, gemm_results=()) -> None:
+def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: RegisterFile, gemm_results=(),
+                          ragged_rows: int = 0) -> None:
     """Fuses the trailing static loops and vectorizes them (split by the vector width).
 
     Not across rows when a vector would span two of them and the block reads a value per row
     (softmax's max): each lane then loads its own row's value, a gather. A 1,000-wide softmax
     ran 8x slower than onnxruntime that way. Such a block vectorizes its rows alone, in the
-    widest lanes dividing them."""
+    widest lanes dividing them. Nor across the rows of a tile over a symbolic batch
+    (`ragged_rows`, see _keep_row_loop)."""
     block = sch.get(block_rv)
     lanes = _lanes(_block_dtype(block), registers)
     loops = _own_loops(sch, block_rv)
@@ -349,6 +351,8 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
         trailing.insert(0, loop)
     if not trailing:
         return
+    if _keep_row_loop(sch, trailing, loops, ragged_rows, lanes):
+        trailing = trailing[1:]
     innermost = _static(sch.get(trailing[-1]).extent)
     if innermost % lanes and (_reads_per_row(block) or _reads_rows_of_another_width(block, gemm_results)):
         trailing, lanes = trailing[-1:], _lanes_dividing(innermost, lanes)
@@ -372,6 +376,23 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
         return  # a ragged tail would put a predicate inside the vector loop
     if _try(stats, f"vectorize {name}", lambda: sch.vectorize(fused)):
         stats.vectorized += 1
+
+
+def _keep_row_loop(sch, trailing, own_loops, ragged_rows: int, lanes: int) -> bool:
+    """Whether a block's row loop stays out of its vector loop: it is the row loop of a tile over
+    a symbolic batch, whose rows past the batch carry a `row < N` predicate, and the rest of the
+    row fills whole vectors. Fused with the columns, that predicate sits on every vector and the
+    loop runs the whole tile whatever the batch (a 256-row tile of 32 floats: 512 predicated
+    vectors per block at batch 1). Kept apart, the row loop of the last tile ends at the batch
+    (tail_loops)."""
+    if not ragged_rows or len(trailing) < 2 or trailing[0] != own_loops[0]:
+        return False
+    if _static(sch.get(trailing[0]).extent) != ragged_rows:
+        return False
+    rest = 1
+    for loop in trailing[1:]:
+        rest *= _static(sch.get(loop).extent)
+    return rest >= lanes and rest % lanes == 0
 
 
 def _reads_per_row(block) -> bool:
@@ -699,6 +720,7 @@ def schedule_loop_nests(sch, stats: ScheduleStats, registers: RegisterFile, done
     """Schedules each leaf block's own loops, except the blocks named in `done`."""
     gemm_results = [sch.get(b).writes[0].source for b in tir_walk.leaf_blocks(sch)
                     if _is_matrix_product(sch.get(b))]
+    ragged_rows = stats.tile_rows if stats.symbolic_rows and stats.tile_rows > 1 else 0
     for block_rv in tir_walk.leaf_blocks(sch):
         block = sch.get(block_rv)
         if block.name_hint in done or _kept_at_root(block):
@@ -706,7 +728,7 @@ def schedule_loop_nests(sch, stats: ScheduleStats, registers: RegisterFile, done
         if _is_reduction(block):
             schedule_reduction(sch, stats, block_rv, registers)
         elif block.body is not None and hasattr(block.body, "value"):
-            vectorize_elementwise(sch, stats, block_rv, registers, gemm_results)
+            vectorize_elementwise(sch, stats, block_rv, registers, gemm_results, ragged_rows)
 
 
 # ---------------------------------------------------------------- entry point
