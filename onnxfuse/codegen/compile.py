@@ -40,7 +40,7 @@ from . import (
     relax_import,
     schedule,
     tail_loops,
-    vector_isnan,  # noqa: F401 - imported for its effect: isnan vectorizes
+    vector_intrinsics,  # noqa: F401 - imported for its effect: isnan and nearbyint vectorize
     whole_index_checks,
     wrapping_integers,
 )

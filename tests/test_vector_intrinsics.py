@@ -1,4 +1,4 @@
-"""vector_isnan.py: loops that test for NaN stay vector loops, and still match onnxruntime."""
+"""vector_intrinsics.py: loops that test for NaN or round stay vector loops, and still match onnxruntime."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from test_tail_loops import _lowered
 
 from onnxfuse.codegen import compile as compile_module
 from onnxfuse.codegen import register_file, relax_import
-from onnxfuse.codegen.vector_isnan import ISNAN
+from onnxfuse.codegen.vector_intrinsics import VECTOR_SAFE_OPS
 from onnxfuse.target import resolve_target
 
 TARGET = resolve_target("native")
@@ -20,12 +20,13 @@ REGISTERS = register_file.for_target(TARGET.tvm_target())
 SPECIAL = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-40, 3e38, -3e38, 0.5, -2.5, 1.0,
                     -1.0, 7.0, 1e-5], np.float32)
 # Each op reaches isnan another way: fast erf keeps a NaN input; Max propagates NaN; a negated
-# comparison is true on NaN.
+# comparison is true on NaN. Round is nearbyint.
 CASES = {
     "erf": ([node("Erf", ["x"], "y")], {}),
     "max": ([node("Neg", ["x"], "n"), node("Max", ["x", "n"], "y")], {}),
     "not_less": ([node("Less", ["x", "half"], "l"), node("Not", ["l"], "n"), node("Where", ["n", "x", "half"], "y")],
                  {"half": np.array(0.5, np.float32)}),
+    "round": ([node("Round", ["x"], "y")], {}),
 }
 
 
@@ -34,11 +35,12 @@ def _model(case):
     return model(nodes, {"x": ("N", 64)}, {"y": ("N", 64)}, inits)
 
 
-def _isnan_lanes(func) -> list[int]:
+def _lanes_of_marked_calls(func) -> list[int]:
+    ops = [tvm.ir.Op.get(name) for name in VECTOR_SAFE_OPS]
     lanes = []
 
     def visit(call):
-        if call.op.same_as(ISNAN):
+        if any(call.op.same_as(op) for op in ops):
             lanes.append(tvm.runtime.DataType(str(call.ty.dtype)).lanes)
         return call
 
@@ -47,16 +49,16 @@ def _isnan_lanes(func) -> list[int]:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_isnan_is_computed_on_whole_vectors(case):
+def test_nan_tests_and_rounding_are_computed_on_whole_vectors(case):
     func, stats = compile_module._schedule_or_plain(relax_import.import_group(_model(case), "k").prim_func, REGISTERS)
     assert stats.vectorized > 0
-    lanes = _isnan_lanes(_lowered(func))
-    assert lanes, "the kernel tests for NaN"
-    assert min(lanes) > 1, f"a NaN test left scalar (lanes {sorted(set(lanes))}): its loop was scalarized"
+    lanes = _lanes_of_marked_calls(_lowered(func))
+    assert lanes, "the kernel calls isnan or nearbyint"
+    assert min(lanes) > 1, f"a call left scalar (lanes {sorted(set(lanes))}): its loop was scalarized"
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_vector_nan_tests_match_onnxruntime(tmp_path, case):
+def test_vector_kernels_match_onnxruntime(tmp_path, case):
     m = _model(case)
     cg = compile_module.compile_group(m, "k", TARGET, tmp_path)
     x = np.stack([SPECIAL, SPECIAL[::-1], np.roll(SPECIAL, 3), np.roll(SPECIAL, 7)]).repeat(4, axis=1)
