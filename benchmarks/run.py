@@ -42,7 +42,7 @@ from onnxfuse.bench import (  # noqa: E402
     report_json,
 )
 from onnxfuse.errors import OnnxfuseError  # noqa: E402
-from onnxfuse.measure.contenders import BASELINE, FUSED  # noqa: E402
+from onnxfuse.measure.contenders import BASELINE, FLOOR, FUSED  # noqa: E402
 from onnxfuse.measure.peers import PEERS  # noqa: E402
 from onnxfuse.measure.roofline import copy_bandwidth_gbs  # noqa: E402
 from onnxfuse.report import (
@@ -69,10 +69,12 @@ LIGHT_OPTIONS = BenchOptions(batches=(1,), threads=(1,), rounds=7, budget_second
 FOREST = BenchOptions(batches=(1, 1000, 10000), threads=(1,), rounds=11, budget_seconds=8.0, cache_dir=str(KERNELS),
                       select="measured", peers=PEERS)
 # `peers`: the same models at 1 thread against IREE and OpenVINO only (no TVM build: quicker).
+# Beside them onnxruntime's call floor (an Identity of the model's input): what no model run in
+# onnxruntime can go under, so a peer faster than it is out of reach there (peers_table's †).
 PEERS_SMALL = BenchOptions(batches=(1, 64, 1000), threads=(1,), rounds=15, budget_seconds=6.0, tvm=False,
-                           cache_dir=str(KERNELS), select="measured", peers=PEERS)
+                           cache_dir=str(KERNELS), select="measured", peers=PEERS, floor=True)
 PEERS_FOREST = BenchOptions(batches=(1, 1000, 10000), threads=(1,), rounds=11, budget_seconds=8.0, tvm=False,
-                            cache_dir=str(KERNELS), select="measured", peers=PEERS)
+                            cache_dir=str(KERNELS), select="measured", peers=PEERS, floor=True)
 # The recurrent cells once more through session.run (the default times IOBinding calls): what a
 # Python caller that passes numpy feeds sees, with its fixed 5-7 us per call in every contender.
 CELLS = ("lstm_gate", "lstm_cell", "gru_cell")
@@ -252,29 +254,43 @@ def run_peers() -> dict:
                                                          "forest 100x8": PEERS_FOREST.__dict__},
                                                 "failures": failures, "seconds": round(seconds, 1)})
     notes = notes_text(results)
-    tables = [format_table(results), peers_table(results), format_compile_table(results), notes]
-    markdown = [format_table(results, markdown=True), peers_table(results, markdown=True),
+    tables = [format_table(results), peers_table(results), PEER_UNDER_FLOOR, format_compile_table(results), notes]
+    markdown = [format_table(results, markdown=True), peers_table(results, markdown=True), PEER_UNDER_FLOOR,
                 format_compile_table(results, markdown=True), notes]
     write_results("peers", report, tables, markdown, seconds, failures)
     return report
+
+
+PEER_UNDER_FLOOR = ("† the peer's whole call took less than onnxruntime's floor (the median of an onnxruntime call of "
+                    "an Identity of the model's input, timed in the same rounds): no model run in onnxruntime, "
+                    "onnxfuse's output included, can match it there.")
 
 
 def peers_table(results, markdown: bool = False) -> str:
     """Per run where a peer ran: each one's speedup over onnxruntime, then onnxfuse against each peer
     paired round by round (the peer's time over onnxfuse's in the same round): median (p10-p90), and
     `≥` where onnxfuse is ahead at the median, `≈` behind at the median but ahead in over 10% of the
-    rounds, `<` behind in nine rounds of ten or more."""
-    header = ["model", "batch", "thr", "onnxfuse ×", *(f"{p} ×" for p in PEERS), *(f"onnxfuse vs {p}" for p in PEERS)]
+    rounds, `<` behind in nine rounds of ten or more; † where the peer ran under onnxruntime's floor."""
+    header = ["model", "batch", "thr", "onnxfuse ×", *(f"{p} ×" for p in PEERS), "ort floor ms",
+              *(f"onnxfuse vs {p}" for p in PEERS)]
     rows = []
     for r in results:
         for run in r.runs:
             c = run["contenders"]
             if not any(p in c for p in PEERS):
                 continue
-            fused = c.get(FUSED, {})
+            fused, floor = c.get(FUSED, {}), c.get(FLOOR, {})
+            floor_ms = floor.get("median_ms")
             rows.append([r.name, run.get("label", str(run["batch"])), str(run["threads"]), _speedup(fused),
-                         *(_speedup(c.get(p, {})) for p in PEERS), *(versus(fused, c.get(p, {})) for p in PEERS)])
+                         *(_speedup(c.get(p, {})) for p in PEERS), f"{floor_ms:.4f}" if floor_ms else "n/a",
+                         *(versus(fused, c.get(p, {})) + (" †" if under_floor(c.get(p, {}), floor) else "")
+                           for p in PEERS)])
     return render_table(header, rows, markdown)
+
+
+def under_floor(peer: dict, floor: dict) -> bool:
+    """Whether the peer's median call took less than onnxruntime's floor call."""
+    return "median_ms" in peer and "median_ms" in floor and peer["median_ms"] < floor["median_ms"]
 
 
 def versus(fused: dict, peer: dict) -> str:

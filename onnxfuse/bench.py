@@ -22,11 +22,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import onnx
+
 from .errors import ModelLoadError, OnnxfuseError, UsageError, short_reason
-from .measure.contenders import BASELINE, FUSED, TVM, build_tvm, ort_contender, tvm_contender
+from .measure.contenders import BASELINE, FLOOR, FUSED, TVM, build_tvm, floor_model, ort_contender, tvm_contender
 from .measure.inputs import (
     InputSpec,
     check_dim_names,
@@ -67,6 +69,9 @@ def measure(job: dict) -> dict:
                 contenders.append(ort_contender(name, path, feeds, job["threads"], call_style, list(reference)))
             except Exception as exc:
                 not_run[name] = f"failed: onnxruntime cannot run it: {short_reason(exc)}"
+        if job.get("floor_model"):
+            floor = ort_contender(FLOOR, job["floor_model"], feeds, job["threads"], call_style)
+            contenders.append(replace(floor, checked=False))
         tvm_library = job.get("tvm_libraries", {}).get(str(key))
         if tvm_library:
             try:
@@ -137,6 +142,7 @@ class BenchOptions:
     select: str = "auto"  # onnxfuse's group selection (`optimize --select`); measured times at `batches`
     call_style: str = "iobinding"  # how onnxruntime contenders are called (CALL_STYLES)
     peers: tuple[str, ...] = ()  # other compilers to time too: measure/peers.py PEERS
+    floor: bool = False  # also time onnxruntime's call floor (contenders.floor_model), unchecked
 
 
 @dataclass
@@ -207,6 +213,10 @@ def bench_model(model_path, fused_path=None, options: BenchOptions | None = None
                 builds[label] = {"na": built["error"]}
 
     iree_modules = _build_iree(model_path, name, shapes, labels, work, options, result, log)
+    floor_path = None
+    if options.floor:
+        floor_path = work / f"{model_path.stem}.floor.onnx"
+        onnx.save_model(floor_model(model_path), str(floor_path))
 
     for threads in options.threads:
         log(f"{name}: timing at {threads} thread(s), {'; '.join(labels.values())}")
@@ -214,7 +224,8 @@ def bench_model(model_path, fused_path=None, options: BenchOptions | None = None
                "batches": list(batches), "dims": options.dims, "inputs": options.inputs, "threads": threads,
                "rounds": options.rounds, "round_seconds": options.round_seconds,
                "budget_seconds": options.budget_seconds, "seed": options.seed, "call_style": options.call_style,
-               "peers": list(options.peers), "iree_modules": iree_modules}
+               "peers": list(options.peers), "iree_modules": iree_modules,
+               "floor_model": str(floor_path) if floor_path else None}
         # numpy's OpenBLAS pool threads were seen busy in the timing process: keep them out.
         env = {"TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": "1"}
         measured = run_worker("measure", job, env)

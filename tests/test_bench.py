@@ -207,3 +207,35 @@ def test_cli_call_style_is_recorded(tmp_path):
                                        "--call", "run", "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["options"]["call_style"] == "run"
+
+
+def test_floor_model_takes_the_models_inputs_and_copies_the_first(tmp_path):
+    """The yardstick for onnxruntime's call floor: bound with the model's own feeds, it returns its
+    first input unchanged (a second, unused input is bound too)."""
+    from onnxfuse.measure.contenders import floor_model, ort_contender
+
+    graph = helper.make_graph([helper.make_node("Add", ["x", "z"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8]),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])])
+    original = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(original))
+    floor = tmp_path / "floor.onnx"
+    onnx.save(floor_model(original), str(floor))
+    feeds = {"x": np.arange(24, dtype=np.float32).reshape(3, 8), "z": np.ones((3, 8), np.float32)}
+    contender = ort_contender("floor", floor, feeds, threads=1)
+    (out,) = contender.outputs(contender.call()).values()
+    np.testing.assert_array_equal(out, feeds["x"])
+
+
+def test_bench_times_the_floor_unchecked_beside_the_contenders(tmp_path):
+    from onnxfuse.bench import bench_model
+    from onnxfuse.measure.contenders import FLOOR
+
+    original = unary_model(tmp_path / "m.onnx", "Sigmoid")
+    options = BenchOptions(batches=(2,), tvm=False, rounds=2, budget_seconds=2.0, floor=True,
+                           cache_dir=str(tmp_path / "cache"))
+    result = bench_model(original, original, options=options, work_dir=tmp_path / "work")
+    cells = result.runs[0]["contenders"]
+    assert cells[FLOOR]["median_ms"] > 0, cells[FLOOR]  # its output (the input) differs from Sigmoid's: unchecked
+    assert cells[FUSED]["median_ms"] > 0

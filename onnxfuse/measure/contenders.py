@@ -5,6 +5,8 @@
   tvm          TVM's own pipeline on the original model (from_onnx with the batch bound,
                the default Relax pipeline, the VM)
   extras       further ORT models the caller names (e.g. the same forest as a TreeEnsemble)
+  floor        onnxruntime calling a model that only copies its first input (BenchOptions.floor):
+               a yardstick, not a contender (its outputs are not checked)
   iree         IREE, on request (peers.py, with OpenVINO: the optional `bench` extra)
   openvino     OpenVINO's CPU plugin, on request (peers.py)
 """
@@ -24,6 +26,7 @@ from .timing import Contender, bound_io, timing_session_options
 BASELINE = "onnxruntime"
 FUSED = "onnxfuse"
 TVM = "tvm"
+FLOOR = "onnxruntime floor"
 
 CALL_STYLES = ("iobinding", "run")
 """How an onnxruntime contender is called: "iobinding" binds the inputs and pre-allocated outputs
@@ -52,6 +55,20 @@ def ort_contender(name: str, model_path, feeds: dict[str, np.ndarray], threads: 
     binding = bound_io(session, own_feeds)
     return Contender(name, lambda: session.run_with_iobinding(binding),
                      lambda _: dict(zip(names, binding.copy_outputs_to_cpu())))
+
+
+def floor_model(model_path) -> onnx.ModelProto:
+    """A model with `model_path`'s inputs whose one node copies the first input to its output:
+    what a call into onnxruntime costs before any computation (session run, input binding, one
+    kernel dispatch and one output), with the same inputs as the model itself."""
+    original = onnx.load(str(model_path), load_external_data=False)
+    initializers = {t.name for t in original.graph.initializer}
+    inputs = [i for i in original.graph.input if i.name not in initializers]
+    output = onnx.helper.make_tensor_value_info("floor", inputs[0].type.tensor_type.elem_type, None)
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", [inputs[0].name], ["floor"])], "floor",
+                                   inputs, [output])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)],
+                                  ir_version=original.ir_version)
 
 
 def feeds_by_name_or_position(wanted: list[str], feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
