@@ -215,10 +215,10 @@ KNOWN_BUGS = (
              "give NaN)",
              (), ("float16-sign-nan",), _float16_sign_of_nan, fixed=True),
     KnownBug("cast-int64-float16-add",
-             "Cast int64 -> float16 of INT64_MAX, then Add of -inf: the kernel rounds the cast to float16 (+inf) "
-             "and gives NaN; onnxruntime gives -inf, so it skips that rounding (likely its float16 Add runs in float32 "
-             "and the Cast pair int64 -> float16 -> float32 is merged; float16_as_onnxruntime does not model that)",
-             (), ("cast-int64-float16-add",), _cast_int_to_float16),
+             "Cast int64 -> float16 of INT64_MAX, then Add of -inf: the kernel rounded the cast to float16 (+inf) "
+             "and gave NaN; onnxruntime gives -inf: its float16 Add runs in float32 and its Cast(int64 -> float16) "
+             "read only by such nodes becomes Cast(int64 -> float32), 9.2e18 (float16_as_onnxruntime models it)",
+             (), ("cast-int64-float16-add",), _cast_int_to_float16, fixed=True),
     KnownBug("erf-tiny-input",
              "Erf(Erf(x)) * y with x = 1e-45, y = inf: the fast erf gave 0 for a subnormal x (its polynomial "
              "multiplies x by a coefficient near 1e-4 first) where onnxruntime gives 1e-45, so NaN instead of inf",
