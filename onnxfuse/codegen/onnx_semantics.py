@@ -31,6 +31,14 @@ translates faithfully.
 4. Sign of a float16 NaN: onnxruntime's float16 Sign gives 0 (it tests x > 0 and x < 0), its
    float32 and float64 Sign give NaN, as TVM's does for every type. A float16 Sign is written
    `Where(IsNaN(x), 0, Sign(x))` (fuzzer, November 26: `Sign(1 / HardSigmoid(x))`, x NaN).
+5. Sigmoid far below 0: onnxruntime's float32 Sigmoid (MLAS) clamps its input to -18 and returns
+   exactly 0 from there down; its float64 Sigmoid (0.5 + 0.5 tanh(x / 2)) is exactly 0 from
+   x = -36.7368... down (measured, onnxruntime 1.32: every float32 below -18 and none above, every
+   double below -0x1.25e4f7b2737fbp+5 and none above). Ours is about exp(x) there, so a product
+   with inf was inf where onnxruntime gives NaN (fuzzer, November 26: Sigmoid -> Cast -> MatMul
+   with an inf weight). The rewrite is `Where(x <= bound, 0, Sigmoid(x))`. Between -18 and -15.8
+   onnxruntime's float32 result moves in steps of 2^-25 and is 0 at scattered inputs; ours is
+   within 1.8e-7 of it there, not 0 (docs/numerics.md).
 """
 
 from __future__ import annotations
@@ -164,6 +172,20 @@ def _rewrite_float16_sign(node, elem_types, prefix: str):
     return b
 
 
+_SIGMOID_ZERO_FROM = {TensorProto.FLOAT: -18.0, TensorProto.DOUBLE: float.fromhex("-0x1.25e4f7b2737fbp+5")}
+
+
+def _rewrite_sigmoid(node, elem_types, prefix: str):
+    elem_type = elem_types.get(node.input[0])
+    if elem_type not in _SIGMOID_ZERO_FROM:
+        return None
+    b = _Builder(prefix, _FLOATS[elem_type])
+    x = node.input[0]
+    zero_from = b.constant(_SIGMOID_ZERO_FROM[elem_type])
+    b.op("Where", b.op("LessOrEqual", x, zero_from), b.constant(0.0), b.op("Sigmoid", x), output=node.output[0])
+    return b
+
+
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     inferred = onnx.shape_inference.infer_shapes(model)
     graph = inferred.graph
@@ -173,9 +195,10 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` (a group) with Clip, float→int Cast, Softplus and float16 Sign nodes rewritten as
-    above; the same object when there is nothing to rewrite."""
-    if not any(n.op_type in ("Clip", "Cast", "Softplus", "Sign") and n.domain in ("", "ai.onnx") for n in model.graph.node):
+    """`model` (a group) with Clip, float→int Cast, Softplus, float16 Sign and Sigmoid nodes
+    rewritten as above; the same object when there is nothing to rewrite."""
+    rewritten_ops = ("Clip", "Cast", "Softplus", "Sign", "Sigmoid")
+    if not any(n.op_type in rewritten_ops and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     elem_types = _elem_types(model)
@@ -191,6 +214,8 @@ def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
             rewrite = _rewrite_softplus(node, elem_types, prefix)
         elif node.domain in ("", "ai.onnx") and node.op_type == "Sign":
             rewrite = _rewrite_float16_sign(node, elem_types, prefix)
+        elif node.domain in ("", "ai.onnx") and node.op_type == "Sigmoid":
+            rewrite = _rewrite_sigmoid(node, elem_types, prefix)
         if rewrite is None:
             nodes.append(node)
             continue
