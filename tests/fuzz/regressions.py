@@ -206,6 +206,26 @@ HANDWRITTEN = {
                 ("Neg", ["g"], "y", {})],
                {"x": (F32, ROW)}, {"y": (F32, ROW)}, {"table": np.arange(5, dtype=np.float32)}),
         {"x": _row(NAN, 1, 2, 3)}),
+    # float16 across a group boundary (seed-21 findings, rebuilt by hand): Clip's output forks to Abs
+    # and Neg, so the group {Mul, Clip} ends there and outputs float16. onnxruntime runs the Clip in
+    # float32 (isolated between float32 nodes) and Abs/Neg read it unrounded: 350 * 200 = 70000 is
+    # inf once rounded; the kernel rounds the product first and the default max clamps it to 65504.
+    "float16-boundary-clip-overflow": lambda: (
+        _model([("Mul", ["a", "b"], "p", {}), ("Clip", ["p", "lo"], "q", {}), ("Abs", ["q"], "y1", {}),
+                ("Neg", ["q"], "y2", {})],
+               {"a": (F16, ROW), "b": (F16, ROW)}, {"y1": (F16, ROW), "y2": (F16, ROW)},
+               {"lo": np.array(-1, np.float16)}),
+        {"a": _row(350, 2, -300, 256, dtype=np.float16), "b": _row(200, 3, 300, 256, dtype=np.float16)}),
+    # The same with Pow: Abs(Pow(a, 2)) leaves its group as float16 (inf for 122500); onnxruntime's
+    # Less reads it in float32, 122500 < inf is true and Where picks inf; the kernel's inf < inf is
+    # false and it picks -0.0.
+    "float16-boundary-pow-less": lambda: (
+        _model([("Pow", ["a", "e"], "pw", {}), ("Abs", ["pw"], "q", {}), ("Less", ["q", "c"], "l", {}),
+                ("Where", ["l", "c", "z"], "y1", {}), ("Neg", ["q"], "y2", {})],
+               {"a": (F16, ROW), "e": (F16, ROW), "c": (F16, ROW), "z": (F16, ROW)},
+               {"y1": (F16, ROW), "y2": (F16, ROW)}),
+        {"a": _row(350, 2, -300, 1e-4, dtype=np.float16), "e": _row(2, 2, 2, 2, dtype=np.float16),
+         "c": _row(INF, INF, INF, INF, dtype=np.float16), "z": _row(-0.0, -0.0, -0.0, -0.0, dtype=np.float16)}),
 }
 
 
