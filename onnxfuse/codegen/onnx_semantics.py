@@ -33,12 +33,13 @@ translates faithfully.
    `Where(IsNaN(x), 0, Sign(x))` (fuzzer, November 26: `Sign(1 / HardSigmoid(x))`, x NaN).
 5. Sigmoid far below 0: onnxruntime's float32 Sigmoid (MLAS) clamps its input to -18 and returns
    exactly 0 from there down; its float64 Sigmoid (0.5 + 0.5 tanh(x / 2)) is exactly 0 from
-   x = -36.7368... down (measured, onnxruntime 1.32: every float32 below -18 and none above, every
-   double below -0x1.25e4f7b2737fbp+5 and none above). Ours is about exp(x) there, so a product
-   with inf was inf where onnxruntime gives NaN (fuzzer, November 26: Sigmoid -> Cast -> MatMul
-   with an inf weight). The rewrite is `Where(x <= bound, 0, Sigmoid(x))`. Between -18 and -15.8
-   onnxruntime's float32 result moves in steps of 2^-25 and is 0 at scattered inputs; ours is
-   within 1.8e-7 of it there, not 0 (docs/numerics.md).
+   x = -36.7368... down (measured, onnxruntime 1.32: every float32 at or below -18 and none above,
+   every double at or below -0x1.25e4f7b2737fbp+5 and none above). Ours is about exp(x) there, so
+   a product with inf was inf where onnxruntime gives NaN (fuzzer, November 26: Sigmoid -> Cast ->
+   MatMul with an inf weight). The rewrite is `Sigmoid(x) * Cast(x > bound)` (the sigmoid is finite,
+   or NaN for NaN; a Where would need a 0 constant, one more kernel argument). Between -18 and
+   -15.8 onnxruntime's float32 result moves in steps of 2^-25 and is 0 at scattered inputs; ours
+   is within 1.8e-7 of it there, not 0 (docs/numerics.md).
 """
 
 from __future__ import annotations
@@ -181,8 +182,8 @@ def _rewrite_sigmoid(node, elem_types, prefix: str):
         return None
     b = _Builder(prefix, _FLOATS[elem_type])
     x = node.input[0]
-    zero_from = b.constant(_SIGMOID_ZERO_FROM[elem_type])
-    b.op("Where", b.op("LessOrEqual", x, zero_from), b.constant(0.0), b.op("Sigmoid", x), output=node.output[0])
+    above = b.op("Cast", b.op("Greater", x, b.constant(_SIGMOID_ZERO_FROM[elem_type])), to=elem_type)
+    b.op("Mul", b.op("Sigmoid", x), above, output=node.output[0])
     return b
 
 
