@@ -226,6 +226,13 @@ HANDWRITTEN = {
                {"y1": (F16, ROW), "y2": (F16, ROW)}),
         {"a": _row(350, 2, -300, 1e-4, dtype=np.float16), "e": _row(2, 2, 2, 2, dtype=np.float16),
          "c": _row(INF, INF, INF, INF, dtype=np.float16), "z": _row(-0.0, -0.0, -0.0, -0.0, dtype=np.float16)}),
+    # 1 / Tanh(x) in float64 near 0 (the seed-41 finding: Reciprocal(Tanh(MatMul)), MatMul -1.5e-5):
+    # onnxruntime -66161.65964984, TVM's (1 - e^-2|x|) / (1 + e^-2|x|) -66161.65964974 (7,000 ulps);
+    # at 1e-300 it gave tanh 0 and inf.
+    "float64-tanh-near-zero": lambda: (
+        _model([("Tanh", ["x"], "t", {}), ("Reciprocal", ["t"], "y", {})], {"x": (TensorProto.DOUBLE, ROW)},
+               {"y": (TensorProto.DOUBLE, ROW)}),
+        {"x": _row(-1.5114493883143076e-05, 1e-10, 1e-300, 0.3, dtype=np.float64)}),
 }
 
 
