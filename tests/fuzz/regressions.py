@@ -233,6 +233,12 @@ HANDWRITTEN = {
         _model([("Tanh", ["x"], "t", {}), ("Reciprocal", ["t"], "y", {})], {"x": (TensorProto.DOUBLE, ROW)},
                {"y": (TensorProto.DOUBLE, ROW)}),
         {"x": _row(-1.5114493883143076e-05, 1e-10, 1e-300, 0.3, dtype=np.float64)}),
+    # int64 Abs(x) < -3 with x = INT64_MIN (the final seed-41 campaign, minimised: Abs -> Less -> two
+    # Slices): onnxruntime's Abs wraps INT64_MIN to itself, so True; the kernel gives False.
+    "int64-abs-min-less": lambda: (
+        _model([("Abs", ["x"], "a", {}), ("Less", ["a", "k"], "y", {})], {"x": (I64, ROW)},
+               {"y": (TensorProto.BOOL, ROW)}, {"k": np.array(-3, np.int64)}),
+        {"x": _row(4, np.iinfo(np.int64).min, -3, -1, dtype=np.int64)}),
 }
 
 
