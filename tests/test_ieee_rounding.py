@@ -122,6 +122,94 @@ def test_float16_casts_that_onnxruntime_removes(tmp_path, case):
     check_fused_matches_onnxruntime(m, feeds, tmp_path)
 
 
+I64, I32, BOOL, F16_T = TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL, TensorProto.FLOAT16
+ROUNDING_CASTS = {  # case: (nodes computing y, type of x); a, b are float16. onnxruntime 1.32, module doc "Casts"
+    # read only by float32 nodes: Cast(x -> float16) becomes Cast(x -> float32) (INT64_MAX + -inf is -inf)
+    "int64_cast_add": ([node("Cast", ["x"], "c", to=F16_T), node("Add", ["c", "b"], "y")], I64),
+    "int32_cast_add_mul": ([node("Cast", ["x"], "c", to=F16_T), node("Add", ["c", "b"], "s"),
+                            node("Mul", ["c", "b"], "m"), node("Sub", ["s", "m"], "y")], I32),
+    "float64_cast_add": ([node("Cast", ["x"], "c", to=F16_T), node("Add", ["c", "b"], "y")], TensorProto.DOUBLE),
+    # also read by a float16 kernel: the Add reads the rounded cast
+    "int64_cast_add_and_max": ([node("Cast", ["x"], "c", to=F16_T), node("Add", ["c", "b"], "s"),
+                                node("Max", ["c", "b"], "m"), node("Sub", ["s", "m"], "y")], I64),
+    # a Cast back to float64 keeps every Cast; one to int8 does not, and reads x itself
+    "cast_add_and_cast_to_float64": ([node("Cast", ["x"], "c", to=F16_T), node("Add", ["c", "b"], "s"),
+                                      node("Cast", ["c"], "w", to=TensorProto.DOUBLE), node("Cast", ["w"], "h", to=F16_T),
+                                      node("Sub", ["s", "h"], "y")], TensorProto.FLOAT),
+    "cast_add_and_cast_to_int8": ([node("Cast", ["x"], "c", to=F16_T), node("Add", ["c", "b"], "s"),
+                                   node("Cast", ["c"], "w", to=TensorProto.INT8), node("Cast", ["w"], "h", to=F16_T),
+                                   node("Sub", ["s", "h"], "y")], TensorProto.FLOAT),
+    # a Cast of a float32-computed product reads it unrounded when only Casts and float32 nodes read it
+    "mul_cast_to_int32": ([node("Mul", ["a", "b"], "v"), node("Cast", ["v"], "y", to=I32)], None),
+    "mul_cast_to_bool": ([node("Mul", ["a", "a"], "v"), node("Cast", ["v"], "y", to=BOOL)], None),  # 1e-4 * 1e-4
+    "mul_add_and_cast_to_int64": ([node("Mul", ["a", "b"], "v"), node("Add", ["v", "a"], "s"),
+                                   node("Cast", ["v"], "w", to=I64), node("Cast", ["w"], "h", to=F16_T),
+                                   node("Sub", ["s", "h"], "y")], None),
+    # isolated Max: only its first operand is checked
+    "max_of_product_and_int_cast": ([node("Cast", ["x"], "c", to=F16_T), node("Mul", ["a", "b"], "p"),
+                                     node("Max", ["p", "c"], "m"), node("Add", ["m", "b"], "y")], I64),
+    "max_of_int_cast_and_product": ([node("Cast", ["x"], "c", to=F16_T), node("Mul", ["a", "b"], "p"),
+                                     node("Max", ["c", "p"], "m"), node("Add", ["m", "b"], "y")], I64),
+}
+
+
+def _adversarial(dtype: int, seed: int, n: int = 32) -> np.ndarray:
+    """Values whose float16 rounding shows: overflowing, vanishing, crossing an integer; shuffled."""
+    np_type = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+    rng = np.random.default_rng(seed)
+    if np_type.kind == "f":
+        big = {2: 65504, 4: 3e38, 8: 1e300}[np_type.itemsize]
+        special = [70000, 65519, 65520, 1e-8, 1e-4, 2.9997, -1e30, big, np.inf, -np.inf, np.nan, 0.0, -0.0, 350, 2049]
+        with np.errstate(over="ignore"):  # 70000 is inf in float16
+            return rng.permutation(np.concatenate([special, rng.standard_normal(n - len(special)) * 300]).astype(np_type))
+    info = np.iinfo(np_type)
+    special = [info.max, info.min, 0, 1, 2049, 65520, 70000]
+    return rng.permutation(np.concatenate([special, rng.integers(-100000, 100000, n - len(special))]).astype(np_type))
+
+
+@pytest.mark.parametrize("case", list(ROUNDING_CASTS))
+def test_float16_rounding_casts_as_onnxruntime(tmp_path, case):
+    nodes, source = ROUNDING_CASTS[case]
+    used = {i for n in nodes for i in n.input}
+    inputs = {k: ("N",) for k in ("x", "a", "b") if k in used}
+    m = model(nodes, inputs, ["y"], dtype=F16_T)
+    for i in m.graph.input:
+        if i.name == "x":
+            i.type.tensor_type.elem_type = source
+    m = onnx.shape_inference.infer_shapes(m)  # the output's type
+    feeds = {k: _adversarial(source if k == "x" else F16_T, seed) for seed, k in enumerate(inputs)}
+    check_fused_matches_onnxruntime(m, feeds, tmp_path)
+
+
+def _rewritten(nodes, source=I64, outputs=("y",)):
+    used = {i for n in nodes for i in n.input}
+    m = model(nodes, {k: ("N", 4) for k in ("x", "a", "b") if k in used}, {o: ("N", 4) for o in outputs}, dtype=F16_T)
+    for i in m.graph.input:
+        if i.name == "x":
+            i.type.tensor_type.elem_type = source
+    return {n.name: n for n in computed_as_onnxruntime(m).graph.node}
+
+
+def test_float16_rewrite_casts_an_integer_straight_to_float32():
+    only_add = _rewritten(ROUNDING_CASTS["int64_cast_add"][0])
+    assert "c" not in only_add  # the Cast to float16 is gone: the Add reads x cast to float32
+    assert list(only_add["y"].input) == ["x__onnxfuse_f32", "b__onnxfuse_f32"]
+    assert only_add["x__onnxfuse_f32"].input[0] == "x"
+    with_max = _rewritten(ROUNDING_CASTS["int64_cast_add_and_max"][0])
+    assert list(with_max["s"].input) == ["c__onnxfuse_f32", "b__onnxfuse_f32"] and with_max["c__onnxfuse_f32"].input[0] == "c"
+    output = _rewritten(ROUNDING_CASTS["int64_cast_add"][0], outputs=("y", "c"))
+    assert list(output["y"].input) == ["c__onnxfuse_f32", "b__onnxfuse_f32"]
+    to_int = _rewritten(ROUNDING_CASTS["mul_cast_to_int32"][0], outputs=())
+    assert list(to_int["y"].input) == ["v__onnxfuse_unrounded"]
+
+
+def test_float16_rewrite_checks_only_the_first_operand_of_a_variadic_op():
+    first_product = _rewritten(ROUNDING_CASTS["max_of_product_and_int_cast"][0])
+    assert list(first_product["m"].input) == ["p__onnxfuse_unrounded", "x__onnxfuse_f32"]
+    first_cast = _rewritten(ROUNDING_CASTS["max_of_int_cast_and_product"][0])
+    assert list(first_cast["m"].input) == ["c", "p"]
+
+
 def test_float16_rewrite_reads_unrounded_values_only_between_float32_ops():
     def rewritten(nodes, outputs=("y",)):
         m = model(nodes, {"a": ("N", 4), "b": ("N", 4)}, {o: ("N", 4) for o in outputs}, dtype=TensorProto.FLOAT16)

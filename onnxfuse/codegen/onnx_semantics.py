@@ -31,6 +31,21 @@ translates faithfully.
 4. Sign of a float16 NaN: onnxruntime's float16 Sign gives 0 (it tests x > 0 and x < 0), its
    float32 and float64 Sign give NaN, as TVM's does for every type. A float16 Sign is written
    `Where(IsNaN(x), 0, Sign(x))` (fuzzer, November 26: `Sign(1 / HardSigmoid(x))`, x NaN).
+5. Sigmoid far below 0: onnxruntime's float32 Sigmoid (MLAS) clamps its input to -18 and returns
+   exactly 0 from there down; its float64 Sigmoid (0.5 + 0.5 tanh(x / 2)) is exactly 0 from
+   x = -36.7368... down (measured, onnxruntime 1.32: every float32 at or below -18 and none above,
+   every double at or below -0x1.25e4f7b2737fbp+5 and none above). Ours is about exp(x) there, so
+   a product with inf was inf where onnxruntime gives NaN (fuzzer, November 26: Sigmoid -> Cast ->
+   MatMul with an inf weight). The rewrite is `Sigmoid(x) * Cast(x > bound)` (the sigmoid is finite,
+   or NaN for NaN; a Where would need a 0 constant, one more kernel argument). Between -18 and
+   -15.8 onnxruntime's float32 result moves in steps of 2^-25 and is 0 at scattered inputs; ours
+   is within 1.8e-7 of it there, not 0 (docs/numerics.md).
+6. float64 Tanh near 0: TVM lowers it as (1 - exp(-2|x|)) / (1 + exp(-2|x|)) with the sign of x,
+   whose subtraction cancels: about eps / (2|x|) relative error, 7,000 ulps at x = 1.5e-5 (fuzzer,
+   November 26: Reciprocal(Tanh(MatMul)) -66161.65964974 where onnxruntime, std::tanh, gives
+   -66161.65964984), and 0 for |x| under 1e-16. Below |x| = 1/8 it is written as its Taylor series
+   x (1 + c1 x^2 + ... + c9 x^18), whose next term is under 1e-20 relative there; above, the
+   formula's error is under 4 ulps. float32 Tanh is fast_math.py's polynomial.
 """
 
 from __future__ import annotations
@@ -164,6 +179,41 @@ def _rewrite_float16_sign(node, elem_types, prefix: str):
     return b
 
 
+_SIGMOID_ZERO_FROM = {TensorProto.FLOAT: -18.0, TensorProto.DOUBLE: float.fromhex("-0x1.25e4f7b2737fbp+5")}
+
+
+def _rewrite_sigmoid(node, elem_types, prefix: str):
+    elem_type = elem_types.get(node.input[0])
+    if elem_type not in _SIGMOID_ZERO_FROM:
+        return None
+    b = _Builder(prefix, _FLOATS[elem_type])
+    x = node.input[0]
+    above = b.op("Cast", b.op("Greater", x, b.constant(_SIGMOID_ZERO_FROM[elem_type])), to=elem_type)
+    b.op("Mul", b.op("Sigmoid", x), above, output=node.output[0])
+    return b
+
+
+# tanh x = x (1 + sum c_k x^2k): the Taylor coefficients 2^2k (2^2k - 1) B_2k / (2k)!, k = 1..9
+_TANH_SERIES = (-1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925, 21844 / 6081075, -929569 / 638512875,
+                6404582 / 10854718875, -443861162 / 1856156927625)
+_TANH_SERIES_BELOW = 0.125
+
+
+def _rewrite_float64_tanh(node, elem_types, prefix: str):
+    if elem_types.get(node.input[0]) != TensorProto.DOUBLE:
+        return None
+    b = _Builder(prefix, np.float64)
+    x = node.input[0]
+    square = b.op("Mul", x, x)
+    poly = b.constant(_TANH_SERIES[-1])
+    for c in reversed(_TANH_SERIES[:-1]):
+        poly = b.op("Add", b.op("Mul", poly, square), b.constant(c))
+    series = b.op("Mul", x, b.op("Add", b.constant(1.0), b.op("Mul", poly, square)))  # keeps the sign of ±0
+    near_zero = b.op("Less", b.op("Abs", x), b.constant(_TANH_SERIES_BELOW))
+    b.op("Where", near_zero, series, b.op("Tanh", x), output=node.output[0])
+    return b
+
+
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     inferred = onnx.shape_inference.infer_shapes(model)
     graph = inferred.graph
@@ -173,9 +223,10 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` (a group) with Clip, float→int Cast, Softplus and float16 Sign nodes rewritten as
-    above; the same object when there is nothing to rewrite."""
-    if not any(n.op_type in ("Clip", "Cast", "Softplus", "Sign") and n.domain in ("", "ai.onnx") for n in model.graph.node):
+    """`model` (a group) with Clip, float→int Cast, Softplus, float16 Sign, Sigmoid and float64 Tanh
+    nodes rewritten as above; the same object when there is nothing to rewrite."""
+    rewritten_ops = ("Clip", "Cast", "Softplus", "Sign", "Sigmoid", "Tanh")
+    if not any(n.op_type in rewritten_ops and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     elem_types = _elem_types(model)
@@ -191,6 +242,10 @@ def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
             rewrite = _rewrite_softplus(node, elem_types, prefix)
         elif node.domain in ("", "ai.onnx") and node.op_type == "Sign":
             rewrite = _rewrite_float16_sign(node, elem_types, prefix)
+        elif node.domain in ("", "ai.onnx") and node.op_type == "Sigmoid":
+            rewrite = _rewrite_sigmoid(node, elem_types, prefix)
+        elif node.domain in ("", "ai.onnx") and node.op_type == "Tanh":
+            rewrite = _rewrite_float64_tanh(node, elem_types, prefix)
         if rewrite is None:
             nodes.append(node)
             continue

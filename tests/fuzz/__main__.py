@@ -3,7 +3,8 @@
 Environment: FUZZ_SECONDS (default 1500), FUZZ_SEED (default 0), FUZZ_BATCH (components per
 onnxfuse call, default 16), FUZZ_JOBS (compile jobs, default 2), FUZZ_OUT (default out/fuzz),
 FUZZ_EXCLUDE_KNOWN=1 (generate none of the known-bug patterns), FUZZ_MINIMISE (new failures to
-minimise at the end, default 3).
+minimise at the end, default 3), FUZZ_DTYPES (the generator's dtype draw, comma-separated, a
+repeated name drawn more often, e.g. `float16,float16,float32`; default graphs.GeneratorConfig's).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def main() -> int:
     jobs = int(os.environ.get("FUZZ_JOBS", 2))
     out = Path(os.environ.get("FUZZ_OUT", "out/fuzz")).resolve()
     exclude = all_exclusions() if os.environ.get("FUZZ_EXCLUDE_KNOWN") == "1" else frozenset()
-    config = GeneratorConfig(exclude=exclude)
+    dtypes = tuple(os.environ["FUZZ_DTYPES"].split(",")) if os.environ.get("FUZZ_DTYPES") else GeneratorConfig.dtypes
+    config = GeneratorConfig(dtypes=dtypes, exclude=exclude)
     print(f"fuzz: {seconds:.0f}s, seed {seed}, {size} components per batch, output in {out}", flush=True)
     tally = run_campaign(seconds, seed, size, config, out, jobs, log=lambda s: print(s, flush=True))
     by_count = sorted(tally.fused_ops.items(), key=lambda kv: -kv[1])

@@ -14,7 +14,11 @@
    value, or within ULP_BUDGET ulps of the largest magnitude among the component's inputs and
    outputs (cancellation: the difference of two large values carries their rounding error). At
    the overflow boundary an infinity matches a finite value of the same sign within that budget
-   of the type's largest value. The budget (1024 ulps: 1.2e-4 relative for float32) is far above
+   of the type's largest value. Downstream of a Sin or Cos whose argument comes from such an op,
+   the largest magnitude counts that argument too: an argument off by an ulp moves sin/cos by up
+   to its magnitude times float's epsilon (seed 41: a MatMul 1 ulp off, squared to 3e5, gave a
+   Cos 0.05 off), so past about 8e3 (float32) the result carries nothing to compare.
+   The budget (1024 ulps: 1.2e-4 relative for float32) is far above
    the error of any one approximation, so sums and chains of them pass, and far below what the
    bugs it exists to catch produce (a wrong special value, a term folded away). The ulps are
    those of the narrowest float type upstream: Softplus in float32 cast to float64 keeps

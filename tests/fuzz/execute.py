@@ -98,6 +98,37 @@ def _upstream(model: onnx.ModelProto) -> dict[str, tuple[bool, str | None]]:
     return out
 
 
+def sin_cos_arguments(model: onnx.ModelProto) -> dict[str, set[str]]:
+    """compare.py, rule 3's magnitude: the input of each Sin/Cos computed by a not IEEE-exact op
+    upstream → the graph outputs downstream of that Sin/Cos."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+
+    def approximated(value: str) -> bool:
+        stack, seen = [value], set()
+        while stack:
+            n = producers.get(stack.pop())
+            if n is None or id(n) in seen:
+                continue
+            seen.add(id(n))
+            if n.op_type not in EXACT_OPS:
+                return True
+            stack.extend(n.input)
+        return False
+
+    arguments: dict[str, set[str]] = {}
+    for output in model.graph.output:
+        stack, seen = [output.name], set()
+        while stack:
+            n = producers.get(stack.pop())
+            if n is None or id(n) in seen:
+                continue
+            seen.add(id(n))
+            if n.op_type in ("Sin", "Cos") and approximated(n.input[0]):
+                arguments.setdefault(n.input[0], set()).add(output.name)
+            stack.extend(n.input)
+    return arguments
+
+
 _INTEGER = {onnx.TensorProto.INT8: np.int8, onnx.TensorProto.INT16: np.int16, onnx.TensorProto.INT32: np.int32,
             onnx.TensorProto.INT64: np.int64, onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.UINT16: np.uint16,
             onnx.TensorProto.UINT32: np.uint32, onnx.TensorProto.UINT64: np.uint64}
@@ -211,8 +242,9 @@ def _check(case: Case, original: onnx.ModelProto, fused: onnx.ModelProto, librar
     except Exception as exc:
         return [Finding(case.id, "fused-raised", detail=f"session: {str(exc).strip()[:200]}")]
     uncompared = _uncompared_probes(reference_model)
+    periodic = sin_cos_arguments(reference_model)
     graph_inputs = {i.name for i in reference_model.graph.input}
-    computed = [v for v in uncompared if v not in graph_inputs]
+    computed = [v for v in dict.fromkeys([*uncompared, *periodic]) if v not in graph_inputs]
     probe = _session(prune(reference_model, computed), None) if computed else None
     findings = []
     for number, feeds in enumerate(case.feeds):
@@ -230,16 +262,20 @@ def _check(case: Case, original: onnx.ModelProto, fused: onnx.ModelProto, librar
             findings.append(Finding(case.id, "fused-raised", input_set=number, detail=fused_error))
         elif error is None:
             magnitude = largest_magnitude(list(feeds.values()))
+            magnitudes = dict.fromkeys(case.outputs, magnitude)
             skipped = set()
-            if uncompared:  # compare.py, rules 5 and 6
+            if uncompared or periodic:  # compare.py, rules 3 (Sin/Cos), 5 and 6
                 probed = probe.run(None, {i.name: feeds[i.name] for i in probe.get_inputs()}) if probe else []
                 rows = {**feeds, **dict(zip(computed, probed))}
                 skipped = {o for value, by_rule in uncompared.items() for rule, outputs in by_rule
                            if _rule_applies(rule, np.asarray(rows[value])) for o in outputs}
+                for value, outputs in periodic.items():
+                    for o in outputs:
+                        magnitudes[o] = max(magnitudes[o], largest_magnitude([np.asarray(rows[value])]))
             for name, e, a in zip(case.outputs, expected, actual):
                 if name in skipped:
                     continue
-                verdict = compare_output(np.asarray(e), np.asarray(a), exact[name], magnitude, precision[name])
+                verdict = compare_output(np.asarray(e), np.asarray(a), exact[name], magnitudes[name], precision[name])
                 if not verdict.ok:
                     findings.append(Finding(case.id, verdict.kind, name, number, verdict.detail))
     return findings

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import onnx
 from onnx import numpy_helper
 
+from onnxfuse.codegen.float16_as_onnxruntime import FLOAT32_OPS, ISOLATABLE_OPS
+
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16}
 INT_TYPES = {onnx.TensorProto.INT32, onnx.TensorProto.INT64}
 
@@ -35,6 +37,10 @@ class Cone:
                 self.nodes.append(n)
                 stack.extend(n.input)
         self.producers = producers
+        self.readers: dict[str, int] = {}  # value -> how many nodes of the whole component read it
+        for n in model.graph.node:
+            for i in set(n.input):
+                self.readers[i] = self.readers.get(i, 0) + 1
         self.constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
         inferred = onnx.shape_inference.infer_shapes(model)
         values = list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)
@@ -99,6 +105,29 @@ def _erf_minus_input(cone: Cone, kind: str, detail: str) -> bool:
 def _float16_unrounded(cone: Cone, kind: str, detail: str) -> bool:
     float16_ops = [n for n in cone.nodes if cone.types.get(n.output[0]) == onnx.TensorProto.FLOAT16]
     return kind in ("exact", "value") and "float16" in detail and len(float16_ops) >= 2
+
+
+def _float16_forks(cone: Cone, kind: str, detail: str) -> bool:
+    """A float16 value onnxruntime computes in float32 and that several nodes read: where the fusion
+    plan cuts groups, so the value leaves its group rounded."""
+    computed = FLOAT32_OPS | ISOLATABLE_OPS
+    return kind in ("exact", "inf", "value", "nan") and any(
+        n.op_type in computed and cone.types.get(o) == onnx.TensorProto.FLOAT16 and cone.readers.get(o, 0) >= 2
+        for n in cone.nodes for o in n.output)
+
+
+def _sigmoid_tail(cone: Cone, kind: str, detail: str) -> bool:
+    return kind in ("nan", "inf", "value", "exact") and bool(cone.ops("Sigmoid"))
+
+
+def _float64_tanh(cone: Cone, kind: str, detail: str) -> bool:
+    return kind in ("nan", "inf", "value", "exact") and any(
+        cone.types.get(n.output[0]) == onnx.TensorProto.DOUBLE for n in cone.ops("Tanh"))
+
+
+def _integer_abs_compared(cone: Cone, kind: str, detail: str) -> bool:
+    return kind == "value" and any(cone.types.get(n.output[0]) in INT_TYPES for n in cone.ops("Abs")) and bool(
+        cone.ops("Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Equal", "Max", "Min"))
 
 
 def _gather_elements_unchecked(cone: Cone, kind: str, detail: str) -> bool:
@@ -215,10 +244,29 @@ KNOWN_BUGS = (
              "give NaN)",
              (), ("float16-sign-nan",), _float16_sign_of_nan, fixed=True),
     KnownBug("cast-int64-float16-add",
-             "Cast int64 -> float16 of INT64_MAX, then Add of -inf: the kernel rounds the cast to float16 (+inf) "
-             "and gives NaN; onnxruntime gives -inf, so it skips that rounding (likely its float16 Add runs in float32 "
-             "and the Cast pair int64 -> float16 -> float32 is merged; float16_as_onnxruntime does not model that)",
-             (), ("cast-int64-float16-add",), _cast_int_to_float16),
+             "Cast int64 -> float16 of INT64_MAX, then Add of -inf: the kernel rounded the cast to float16 (+inf) "
+             "and gave NaN; onnxruntime gives -inf: its float16 Add runs in float32 and its Cast(int64 -> float16) "
+             "read only by such nodes becomes Cast(int64 -> float32), 9.2e18 (float16_as_onnxruntime models it)",
+             (), ("cast-int64-float16-add",), _cast_int_to_float16, fixed=True),
+    KnownBug("float16-group-boundary",
+             "a float16 value computed in float32 by onnxruntime (a float32 node's result, or an isolated Clip/Max) "
+             "leaves its group as a float16 tensor, rounded, where onnxruntime's next float32 nodes read it unrounded: "
+             "at overflow the shipped check's random inputs do not see it (65504 or -0.0 where onnxruntime gives inf)",
+             (), ("float16-boundary-clip-overflow", "float16-boundary-pow-less"), _float16_forks),
+    KnownBug("sigmoid-tail-zero",
+             "Sigmoid(-78.5) was 8.6e-35 where onnxruntime's is exactly 0 (its float32 sigmoid clamps the input "
+             "to -18, its float64 one is 0 below -36.74), so Sigmoid -> Cast -> MatMul with an inf weight gave inf "
+             "where onnxruntime gives NaN",
+             (), ("sigmoid-tail-zero",), _sigmoid_tail, fixed=True),
+    KnownBug("float64-tanh-near-zero",
+             "float64 Tanh near 0 lost its relative precision (TVM's (1 - e^-2|x|) / (1 + e^-2|x|): 7,000 ulps at "
+             "1.5e-5, 0 below 1e-16), so Reciprocal(Tanh(MatMul)) was -66161.65964974 for -66161.65964984",
+             (), ("float64-tanh-near-zero",), _float64_tanh, fixed=True),
+    KnownBug("integer-abs-wrap",
+             "int64 Abs(x) < -3 is False for x = INT64_MIN where onnxruntime's Abs wraps INT64_MIN to itself and "
+             "gives True: the kernel's Abs, select(0 <= x, x, 0 - x), is taken to be non-negative somewhere "
+             "(TVM's simplifier or LLVM's nsw reasoning; wrapping_integers.py's fences do not reach it)",
+             (), ("int64-abs-min-less",), _integer_abs_compared),
     KnownBug("erf-tiny-input",
              "Erf(Erf(x)) * y with x = 1e-45, y = inf: the fast erf gave 0 for a subnormal x (its polynomial "
              "multiplies x by a coefficient near 1e-4 first) where onnxruntime gives 1e-45, so NaN instead of inf",

@@ -206,6 +206,39 @@ HANDWRITTEN = {
                 ("Neg", ["g"], "y", {})],
                {"x": (F32, ROW)}, {"y": (F32, ROW)}, {"table": np.arange(5, dtype=np.float32)}),
         {"x": _row(NAN, 1, 2, 3)}),
+    # float16 across a group boundary (seed-21 findings, rebuilt by hand): Clip's output forks to Abs
+    # and Neg, so the group {Mul, Clip} ends there and outputs float16. onnxruntime runs the Clip in
+    # float32 (isolated between float32 nodes) and Abs/Neg read it unrounded: 350 * 200 = 70000 is
+    # inf once rounded; the kernel rounds the product first and the default max clamps it to 65504.
+    "float16-boundary-clip-overflow": lambda: (
+        _model([("Mul", ["a", "b"], "p", {}), ("Clip", ["p", "lo"], "q", {}), ("Abs", ["q"], "y1", {}),
+                ("Neg", ["q"], "y2", {})],
+               {"a": (F16, ROW), "b": (F16, ROW)}, {"y1": (F16, ROW), "y2": (F16, ROW)},
+               {"lo": np.array(-1, np.float16)}),
+        {"a": _row(350, 2, -300, 256, dtype=np.float16), "b": _row(200, 3, 300, 256, dtype=np.float16)}),
+    # The same with Pow: Abs(Pow(a, 2)) leaves its group as float16 (inf for 122500); onnxruntime's
+    # Less reads it in float32, 122500 < inf is true and Where picks inf; the kernel's inf < inf is
+    # false and it picks -0.0.
+    "float16-boundary-pow-less": lambda: (
+        _model([("Pow", ["a", "e"], "pw", {}), ("Abs", ["pw"], "q", {}), ("Less", ["q", "c"], "l", {}),
+                ("Where", ["l", "c", "z"], "y1", {}), ("Neg", ["q"], "y2", {})],
+               {"a": (F16, ROW), "e": (F16, ROW), "c": (F16, ROW), "z": (F16, ROW)},
+               {"y1": (F16, ROW), "y2": (F16, ROW)}),
+        {"a": _row(350, 2, -300, 1e-4, dtype=np.float16), "e": _row(2, 2, 2, 2, dtype=np.float16),
+         "c": _row(INF, INF, INF, INF, dtype=np.float16), "z": _row(-0.0, -0.0, -0.0, -0.0, dtype=np.float16)}),
+    # 1 / Tanh(x) in float64 near 0 (the seed-41 finding: Reciprocal(Tanh(MatMul)), MatMul -1.5e-5):
+    # onnxruntime -66161.65964984, TVM's (1 - e^-2|x|) / (1 + e^-2|x|) -66161.65964974 (7,000 ulps);
+    # at 1e-300 it gave tanh 0 and inf.
+    "float64-tanh-near-zero": lambda: (
+        _model([("Tanh", ["x"], "t", {}), ("Reciprocal", ["t"], "y", {})], {"x": (TensorProto.DOUBLE, ROW)},
+               {"y": (TensorProto.DOUBLE, ROW)}),
+        {"x": _row(-1.5114493883143076e-05, 1e-10, 1e-300, 0.3, dtype=np.float64)}),
+    # int64 Abs(x) < -3 with x = INT64_MIN (the final seed-41 campaign, minimised: Abs -> Less -> two
+    # Slices): onnxruntime's Abs wraps INT64_MIN to itself, so True; the kernel gives False.
+    "int64-abs-min-less": lambda: (
+        _model([("Abs", ["x"], "a", {}), ("Less", ["a", "k"], "y", {})], {"x": (I64, ROW)},
+               {"y": (TensorProto.BOOL, ROW)}, {"k": np.array(-3, np.int64)}),
+        {"x": _row(4, np.iinfo(np.int64).min, -3, -1, dtype=np.int64)}),
 }
 
 
