@@ -11,6 +11,11 @@
 - `cosh`, `sinh`: TVM 0.27 has no LLVM lowering for them ("unknown intrinsic tirx.cosh"), so
   every group with one fell back. We write them with exp, accurate near 0 and up to overflow.
 
+- `abs`: on signed integers TVM's `x >= 0 ? x : -x` became a branch (its select reads memory),
+  and under `x < 0` LLVM took `-x` (a no-signed-wrap sub) as positive, also through
+  wrapping_integers.py's fence, which keeps the sign bit visible: int64 `Abs(x) < -3` was
+  false for INT64_MIN, whose Abs wraps to itself in onnxruntime. `max(x, -x)` is the same value
+  (INT_MIN included) with no branch, and the max fences its `-x` (wrapping_integers).
 - `multiply`: its float product is fenced from FMA contraction (rounded_products).
 
 The Relax rewrites that run before lowering are passes of their own: unfold_stack_reductions,
@@ -20,7 +25,7 @@ nan_safe_comparisons, fold_shape_take.
 from __future__ import annotations
 
 import tvm
-from tvm import relax, te
+from tvm import relax, te, topi
 
 from .rounded_products import legalize_multiply
 
@@ -103,6 +108,18 @@ def _legalize_sign(bb: relax.BlockBuilder, call):
     return bb.call_te(sign_keeping_nan, call.args[0], primfunc_name_hint="sign")
 
 
+def abs_wrapping(data: te.Tensor) -> te.Tensor:
+    """|x|, with |INT_MIN| = INT_MIN on signed integers as onnxruntime's; topi's on other types."""
+    if not str(data.dtype).startswith("int"):
+        return topi.abs(data)
+    zero = tvm.tirx.const(0, data.dtype)
+    return te.compute(data.shape, lambda *i: tvm.tirx.max(data(*i), zero - data(*i)), name="T_abs")
+
+
+def _legalize_abs(bb: relax.BlockBuilder, call):
+    return bb.call_te(abs_wrapping, call.args[0], primfunc_name_hint="abs")
+
+
 def _exp_halves(x, dtype):
     """(e^|x| / 2, e^-|x| / 2) from one exp of |x|/2, so e^|x| / 2 overflows only where it
     exceeds the largest float (cosh and sinh stay finite up to |x| ~ 89.4, e^|x| to 88.7)."""
@@ -151,6 +168,7 @@ CUSTOM_LEGALIZE = {
     "relax.nn.relu": _legalize_relu,
     "relax.clip": _legalize_clip,
     "relax.sign": _legalize_sign,
+    "relax.abs": _legalize_abs,
     "relax.cosh": _legalize_cosh,
     "relax.sinh": _legalize_sinh,
     "relax.multiply": legalize_multiply,
