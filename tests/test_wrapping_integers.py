@@ -72,3 +72,43 @@ def test_only_observed_data_arithmetic_is_fenced():
     assert "llvm.arithmetic.fence" not in wrapping_integers.wrap_data_arithmetic(stored).script()
     narrow = _scheduled([node("Neg", ["a"], "n"), node("Max", ["n", "b"], "y")], {"y": ("N", 4)}, TensorProto.INT16)
     assert "llvm.arithmetic.fence" not in wrapping_integers.wrap_data_arithmetic(narrow).script()
+
+
+ABS_CASES = {
+    # case: (nodes, constant k, output type or None for the input's); input a of shape (N, width).
+    # Abs(INT_MIN) is INT_MIN in onnxruntime. TVM's select(x >= 0, x, -x) became a branch, and
+    # under x < 0 LLVM took -x as positive: int64 Abs(x) < -3 was False for INT64_MIN (fuzzer).
+    "less": ([node("Abs", ["a"], "m"), node("Less", ["m", "k"], "y")], -3, TensorProto.BOOL),
+    "greater": ([node("Abs", ["a"], "m"), node("Greater", ["m", "k"], "y")], -1, TensorProto.BOOL),
+    "max": ([node("Abs", ["a"], "m"), node("Max", ["m", "k"], "y")], 0, None),
+    "reduce_max": ([node("Abs", ["a"], "m"), node("ReduceMax", ["m"], "y", axes=[1], keepdims=1)], None, None),
+    "cast_to_float": ([node("Abs", ["a"], "m"), node("Cast", ["m"], "y", to=TensorProto.FLOAT)], None,
+                      TensorProto.FLOAT),
+}
+
+
+def _abs_edges(dtype, width) -> np.ndarray:
+    """INT_MIN, INT_MIN + 1, -1, 0 and INT_MAX beside ordinary values, two rows of `width`."""
+    info = np.iinfo(dtype)
+    row = np.array([info.min, info.min + 1, -1, 0, info.max, 1, -5, 7], dtype)
+    return np.tile(row, width // 4).reshape(2, width)
+
+
+@pytest.mark.parametrize("width", [4, 64], ids=["narrow", "lanes"])
+@pytest.mark.parametrize("type_name", list(TYPES))
+@pytest.mark.parametrize("case", list(ABS_CASES))
+def test_abs_of_int_min_wraps(tmp_path, case, type_name, width):
+    dtype, onnx_type = TYPES[type_name]
+    nodes, k, out_type = ABS_CASES[case]
+    inits = {} if k is None else {"k": np.array(k, dtype)}
+    m = model(nodes, {"a": ("N", width)}, ["y"], inits, dtype=onnx_type, opset=17)
+    m.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info("y", out_type or onnx_type, None))
+    check_fused_matches_onnxruntime(m, {"a": _abs_edges(dtype, width)}, tmp_path)
+
+
+def test_signed_abs_is_a_max_and_its_negation_fenced():
+    """No select on the sign (a branch where LLVM knows x < 0), and the -x the max reads fenced."""
+    m = model([node("Abs", ["a"], "y")], {"a": ("N", 4)}, ["y"], dtype=TensorProto.INT64, opset=18)
+    func, _ = schedule.schedule_group(relax_import.import_group(m, "k").prim_func, allow_parallel=False)
+    script = wrapping_integers.wrap_data_arithmetic(func).script()
+    assert "T.Select" not in script and "T.max(" in script and script.count("llvm.arithmetic.fence") == 1

@@ -117,7 +117,7 @@ def abs_wrapping(data: te.Tensor) -> te.Tensor:
 
 
 def _legalize_abs(bb: relax.BlockBuilder, call):
-    return bb.call_te(abs_wrapping, call.args[0], primfunc_name_hint="abs")
+    return bb.call_te(abs_wrapping, call.args[0], primfunc_name_hint="tir_abs")  # TVM's own name for it
 
 
 def _exp_halves(x, dtype):
