@@ -264,9 +264,9 @@ KNOWN_BUGS = (
              (), ("float64-tanh-near-zero",), _float64_tanh, fixed=True),
     KnownBug("integer-abs-wrap",
              "int64 Abs(x) < -3 is False for x = INT64_MIN where onnxruntime's Abs wraps INT64_MIN to itself and "
-             "gives True: the kernel's Abs, select(0 <= x, x, 0 - x), is taken to be non-negative somewhere "
-             "(TVM's simplifier or LLVM's nsw reasoning; wrapping_integers.py's fences do not reach it)",
-             (), ("int64-abs-min-less",), _integer_abs_compared),
+             "gives True: the kernel's Abs, select(0 <= x, x, 0 - x), became a branch in the scalar tail, and under "
+             "x < 0 LLVM took the nsw 0 - x as positive through the fence (legalize.py now writes max(x, 0 - x))",
+             (), ("int64-abs-min-less",), _integer_abs_compared, fixed=True),
     KnownBug("erf-tiny-input",
              "Erf(Erf(x)) * y with x = 1e-45, y = inf: the fast erf gave 0 for a subnormal x (its polynomial "
              "multiplies x by a coefficient near 1e-4 first) where onnxruntime gives 1e-45, so NaN instead of inf",
