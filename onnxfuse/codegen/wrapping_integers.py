@@ -25,6 +25,12 @@ without a fence. An index that overflows is read with the same expression it is 
 (bounds.py), so the kernel never reads outside its table; at worst it raises where onnxruntime's
 wrapped index lands inside. Loop-variable arithmetic (no loads) is left alone, and TVM gives
 narrower integers no flag.
+
+The fence hides the value but not its sign: LLVM's float-class analysis reads the sign bit through
+it. Where a branch on x's sign dominates (TVM turns a select whose arms read memory into one),
+the fenced `0 - x` under `x < 0` is still taken as positive: int64 `Abs(x) < -3` was false for
+INT64_MIN, so legalize.py writes a signed Abs as `max(x, 0 - x)`, with no select. A model's own
+`Where(x < 0, -x, x)` still folds (an xfail in tests/test_wrapping_integers.py).
 """
 
 from __future__ import annotations
