@@ -8,8 +8,8 @@ not infer itself turns on fusions the original never got, not all of them faster
 TorchScript export of BERT computes its Reshape targets at run time, so onnxruntime cannot tell
 that the residual Add's operands are both [batch, seq, hidden] and leaves Add + Add +
 LayerNormalization alone; given our shapes it fuses them into SkipLayerNormalization, whose CPU
-kernel in onnxruntime 1.32 ran 4-5x slower than the three nodes at 1 thread (bert_tiny_2l_ts,
-batch 64, seq 16: the whole model 0.70x of the original; see docs/selection.md).
+kernel in onnxruntime 1.32 ran 4-6x slower than the three nodes at 1 thread (bert_tiny_2l_ts,
+batch 64, seq 16: the whole model at 0.70x of the original; see docs/frontend.md).
 
 So the loader reads every inferred shape into its Graph, then drops from `Graph.model` the
 value_info of every value the source did not declare: the model then tells onnxruntime what the
