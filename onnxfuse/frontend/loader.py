@@ -16,6 +16,7 @@ from onnx import external_data_helper, helper
 from ..errors import ModelLoadError, first_line
 from ..ir import Dim, Graph, Node, Value
 from .canonicalize import canonicalize
+from .declared_shapes import declared_value_names, keep_declared_value_info
 from .validate import read_model_header
 
 
@@ -23,15 +24,18 @@ def load_model(source: str | os.PathLike | onnx.ModelProto, canonical: bool = Tr
     """Read a model from a path (external data resolved beside it) or take a ModelProto.
 
     `canonical`: run the front-end passes first (`canonicalize.py`); off only to test fusion
-    rules on patterns the passes would rewrite away."""
+    rules on patterns the passes would rewrite away. The Graph's values carry every shape the
+    passes inferred; its `model` only the value_info the source declared (declared_shapes.py)."""
     if isinstance(source, onnx.ModelProto):
-        model = source
-        _check_is_model(model, "model")
-        model = canonicalize(model) if canonical else model
-        return build_graph(model, _infer_shapes(model))
+        _check_is_model(source, "model")
+        model = canonicalize(source) if canonical else source  # a copy: `source` stays as it was
+        graph = build_graph(model, _infer_shapes(model))
+        keep_declared_value_info(graph.model, declared_value_names(source))
+        return graph
     path = Path(source)
     model = read_model_header(path)
     _check_is_model(model, path)
+    declared = declared_value_names(model)
     model = canonicalize(model) if canonical else model
     # Infer before the external data comes in: a >2 GB proto cannot be serialized for inference.
     inferred = _infer_shapes(model)
@@ -40,7 +44,9 @@ def load_model(source: str | os.PathLike | onnx.ModelProto, canonical: bool = Tr
             external_data_helper.load_external_data_for_model(model, str(path.parent))
         except Exception as exc:
             raise ModelLoadError(f"{path}: cannot read its external data ({first_line(exc)})") from None
-    return build_graph(model, inferred)
+    graph = build_graph(model, inferred)
+    keep_declared_value_info(graph.model, declared)
+    return graph
 
 
 def _has_external_data(model: onnx.ModelProto) -> bool:
