@@ -372,10 +372,32 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
         if not _try(stats, f"split {name}", lambda: holder.update(parts=sch.split(fused, [None, lanes]))):
             return
         fused = holder["parts"][1]
+        if _selects_by_position(block):
+            outer = holder["parts"][0]
+            _try(stats, "partition hint", lambda: sch.annotate(outer, "pragma_loop_partition_hint", 1))
     elif extent > lanes:
         return  # a ragged tail would put a predicate inside the vector loop
     if _try(stats, f"vectorize {name}", lambda: sch.vectorize(fused)):
         stats.vectorized += 1
+
+
+def _selects_by_position(block) -> bool:
+    """Whether the block picks its value by index (a Concat: `if_then_else(j < 32, a[j], b[j - 32])`).
+    TVM's vectorizer scalarizes a vector loop whose if_then_else condition differs between lanes;
+    with LoopPartition's hint on the loop of whole vectors, each part's condition is the same for
+    every lane (the boundary falls between vectors) and the loop stays a vector loop."""
+    found = []
+
+    def visit(call):
+        if getattr(call, "op", None) is not None and call.op.same_as(_IF_THEN_ELSE):
+            found.append(call)
+        return call
+
+    tvm_ffi.structural_map(block.body, [(tvm.ir.expr.Call, visit)], order="post")
+    return bool(found)
+
+
+_IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 
 
 def _keep_row_loop(sch, trailing, own_loops, ragged_rows: int, lanes: int) -> bool:
