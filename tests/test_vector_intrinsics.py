@@ -8,7 +8,7 @@ import tvm
 import tvm_ffi
 from onnx_builder import model, node
 from test_codegen import ort_run
-from test_tail_loops import _lowered
+from test_tail_loops import _loops, _lowered
 
 from onnxfuse.codegen import compile as compile_module
 from onnxfuse.codegen import register_file, relax_import
@@ -72,9 +72,7 @@ def test_vector_kernels_match_onnxruntime(tmp_path, case):
 
 def _scalarized_loops(func) -> int:
     """Loops TVM's vectorizer turned back into scalar loops (it names their variable `<name>.s`)."""
-    names = []
-    tvm_ffi.structural_map(func, [(tvm.tirx.For, lambda loop: names.append(loop.loop_var.name) or loop)], order="post")
-    return sum(name.endswith(("_s", ".s")) for name in names)
+    return sum(loop.loop_var.name.endswith(("_s", ".s")) for loop in _loops(func))
 
 
 def test_a_concat_stays_a_vector_loop_in_full_tiles():

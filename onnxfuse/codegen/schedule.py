@@ -386,15 +386,8 @@ def _selects_by_position(block) -> bool:
     TVM's vectorizer scalarizes a vector loop whose if_then_else condition differs between lanes;
     with LoopPartition's hint on the loop of whole vectors, each part's condition is the same for
     every lane (the boundary falls between vectors) and the loop stays a vector loop."""
-    found = []
-
-    def visit(call):
-        if getattr(call, "op", None) is not None and call.op.same_as(_IF_THEN_ELSE):
-            found.append(call)
-        return call
-
-    tvm_ffi.structural_map(block.body, [(tvm.ir.expr.Call, visit)], order="post")
-    return bool(found)
+    return any(isinstance(node, tvm.ir.expr.Call) and node.op.same_as(_IF_THEN_ELSE)
+               for expr in tir_walk.store_value_exprs(block) for node in tir_walk.iter_nodes(expr))
 
 
 _IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")

@@ -72,12 +72,17 @@ _FLOAT_WIDTH = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.FLOAT: "fl
 _NARROWEST_FIRST = ("float16", "float32", "float64")
 
 
+def _element_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Every value's element type, as shape inference gives it."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    return {v.name: v.type.tensor_type.elem_type
+            for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+
+
 def _upstream(model: onnx.ModelProto) -> dict[str, tuple[bool, str | None]]:
     """Per graph output: (whether an op upstream is not IEEE-exact, the narrowest float type of
     a value upstream, the output included)."""
-    inferred = onnx.shape_inference.infer_shapes(model)
-    types = {v.name: v.type.tensor_type.elem_type
-             for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    types = _element_types(model)
     producers = {o: n for n in model.graph.node for o in n.output}
     out = {}
     for output in model.graph.output:
@@ -98,34 +103,31 @@ def _upstream(model: onnx.ModelProto) -> dict[str, tuple[bool, str | None]]:
     return out
 
 
+def upstream_nodes(producers: dict[str, onnx.NodeProto], value: str):
+    """Every node `value` depends on, each once (`producers`: output name → node)."""
+    stack, seen = [value], set()
+    while stack:
+        n = producers.get(stack.pop())
+        if n is None or id(n) in seen:
+            continue
+        seen.add(id(n))
+        yield n
+        stack.extend(n.input)
+
+
 def sin_cos_arguments(model: onnx.ModelProto) -> dict[str, set[str]]:
     """compare.py, rule 3's magnitude: the input of each Sin/Cos computed by a not IEEE-exact op
     upstream → the graph outputs downstream of that Sin/Cos."""
     producers = {o: n for n in model.graph.node for o in n.output}
 
     def approximated(value: str) -> bool:
-        stack, seen = [value], set()
-        while stack:
-            n = producers.get(stack.pop())
-            if n is None or id(n) in seen:
-                continue
-            seen.add(id(n))
-            if n.op_type not in EXACT_OPS:
-                return True
-            stack.extend(n.input)
-        return False
+        return any(n.op_type not in EXACT_OPS for n in upstream_nodes(producers, value))
 
     arguments: dict[str, set[str]] = {}
     for output in model.graph.output:
-        stack, seen = [output.name], set()
-        while stack:
-            n = producers.get(stack.pop())
-            if n is None or id(n) in seen:
-                continue
-            seen.add(id(n))
+        for n in upstream_nodes(producers, output.name):
             if n.op_type in ("Sin", "Cos") and approximated(n.input[0]):
                 arguments.setdefault(n.input[0], set()).add(output.name)
-            stack.extend(n.input)
     return arguments
 
 
@@ -140,18 +142,11 @@ def _uncompared_probes(model: onnx.ModelProto) -> dict[str, list[tuple[tuple, se
     6): value → [(rule, the graph outputs downstream of it)]. Rules: ("nan",) for a
     ReduceMax/ReduceMin input; ("cast-range", dtype) for a float → integer Cast's input;
     ("integer-sum", dtype) for an integer ReduceSum/Mean/Prod/SumSquare/L1 output."""
-    inferred = onnx.shape_inference.infer_shapes(model)
-    types = {v.name: v.type.tensor_type.elem_type
-             for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    types = _element_types(model)
     producers = {o: n for n in model.graph.node for o in n.output}
     rules: dict[str, dict[tuple, set[str]]] = {}
     for output in model.graph.output:
-        stack, seen = [output.name], set()
-        while stack:
-            n = producers.get(stack.pop())
-            if n is None or id(n) in seen:
-                continue
-            seen.add(id(n))
+        for n in upstream_nodes(producers, output.name):
             if n.op_type in ("ReduceMax", "ReduceMin"):
                 rules.setdefault(n.input[0], {}).setdefault(("nan",), set()).add(output.name)
             to = next((a.i for a in n.attribute if a.name == "to"), None)
@@ -160,7 +155,6 @@ def _uncompared_probes(model: onnx.ModelProto) -> dict[str, list[tuple[tuple, se
             if n.op_type in _INTEGER_SUMS and types.get(n.output[0]) in _INTEGER:
                 rule = ("integer-sum", _INTEGER[types[n.output[0]]])
                 rules.setdefault(n.output[0], {}).setdefault(rule, set()).add(output.name)
-            stack.extend(n.input)
     return {value: list(by_rule.items()) for value, by_rule in rules.items()}
 
 

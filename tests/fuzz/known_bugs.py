@@ -20,6 +20,8 @@ from onnx import numpy_helper
 
 from onnxfuse.codegen.float16_as_onnxruntime import FLOAT32_OPS, ISOLATABLE_OPS
 
+from .execute import upstream_nodes
+
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16}
 INT_TYPES = {onnx.TensorProto.INT32, onnx.TensorProto.INT64}
 
@@ -29,13 +31,7 @@ class Cone:
 
     def __init__(self, model: onnx.ModelProto, output: str):
         producers = {o: n for n in model.graph.node for o in n.output}
-        self.nodes, stack, seen = [], [output], set()
-        while stack:
-            n = producers.get(stack.pop())
-            if n is not None and id(n) not in seen:
-                seen.add(id(n))
-                self.nodes.append(n)
-                stack.extend(n.input)
+        self.nodes = list(upstream_nodes(producers, output))
         self.producers = producers
         self.readers: dict[str, int] = {}  # value -> how many nodes of the whole component read it
         for n in model.graph.node:
