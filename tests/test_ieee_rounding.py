@@ -51,13 +51,13 @@ X86_AVX512 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64-v4"
 AARCH64 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1"}
 
 
-def _assembly(onnx_model: onnx.ModelProto, target: dict = X86_AVX512) -> str:
-    """The kernel's machine code (no run: the object may be for another CPU)."""
+def _assembly(onnx_model: onnx.ModelProto, target: dict = X86_AVX512, kind: str = "asm") -> str:
+    """The kernel's machine code, or its LLVM IR (kind="ll"); no run: the object may be for another CPU."""
     tvm_target = tvm.target.Target(target)
     group = relax_import.import_group(onnx_model, "k")
     funcs, _, _ = codegen_compile._variants(group.prim_func, "k", 2, False, register_file.for_target(tvm_target),
                                             serial_variant=False)
-    return codegen_compile.build_module(host_kernel.host_functions(funcs, "k", "k"), tvm_target).mod.inspect_source("asm")
+    return codegen_compile.build_module(host_kernel.host_functions(funcs, "k", "k"), tvm_target).mod.inspect_source(kind)
 
 
 def test_only_the_onnx_products_lose_their_fma():

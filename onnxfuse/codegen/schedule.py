@@ -98,8 +98,9 @@ def _is_reduction(block) -> bool:
 
 
 def _lanes(dtype: str, registers: RegisterFile) -> int:
-    """Elements of `dtype` in one vector register: every vectorized loop is one register wide
-    (wider vectors, split by LLVM, spilled in NEON's gate math and were no faster on AVX2)."""
+    """Elements of `dtype` in one vector register: vectorized loops are one register wide (wider
+    vectors, split by LLVM, spilled in NEON's gate math and were no faster on AVX2), but for rows
+    no power of two divides (_row_lanes)."""
     return registers.lanes(tvm.runtime.DataType(dtype).bits)
 
 
@@ -111,6 +112,21 @@ def _lanes_dividing(extent: int, lanes: int) -> int:
     while lanes >= narrowest and extent % lanes:
         lanes //= 2
     return lanes if lanes >= narrowest else 0
+
+
+def _row_lanes(extent: int, lanes: int) -> int:
+    """Lanes for a row vectorized alone: the widest power of two dividing it (_lanes_dividing),
+    else the divisor of the row, at most two registers wide, that takes the fewest register
+    operations (a gate row of 10 floats: one vector of 10, which LLVM splits into 8 + 2); 0 if
+    none. Left scalar, such a row was LLVM's to vectorize, and LLVM's loop vectorizer gives up
+    on the fenced products of rounded_products: the seed gate's epilogue ran scalar, 4x slower."""
+    power = _lanes_dividing(extent, lanes)
+    if power:
+        return power
+    divisors = [d for d in range(max(lanes // 2, 2), 2 * lanes + 1) if extent % d == 0]
+    if not divisors:
+        return 0
+    return min(divisors, key=lambda d: ((extent // d) * -(-d // lanes), -d))
 
 
 # ---------------------------------------------------------------- inlining
@@ -338,8 +354,8 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
 
     Not across rows when a vector would span two of them and the block reads a value per row
     (softmax's max): each lane then loads its own row's value, a gather. A 1,000-wide softmax
-    ran 8x slower than onnxruntime that way. Such a block vectorizes its rows alone, in the
-    widest lanes dividing them. Nor across the rows of a tile over a symbolic batch
+    ran 8x slower than onnxruntime that way. Such a block vectorizes its rows alone, in lanes
+    dividing them (_row_lanes). Nor across the rows of a tile over a symbolic batch
     (`ragged_rows`, see _keep_row_loop)."""
     block = sch.get(block_rv)
     lanes = _lanes(_block_dtype(block), registers)
@@ -355,7 +371,7 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
         trailing = trailing[1:]
     innermost = _static(sch.get(trailing[-1]).extent)
     if innermost % lanes and (_reads_per_row(block) or _reads_rows_of_another_width(block, gemm_results)):
-        trailing, lanes = trailing[-1:], _lanes_dividing(innermost, lanes)
+        trailing, lanes = trailing[-1:], _row_lanes(innermost, lanes)
         if not lanes:
             return
     extent = 1
