@@ -142,3 +142,23 @@ def test_float64_tanh_near_zero(tmp_path):
     assert_bitwise_equal(got[exact], expected[exact])
     ulps = np.abs(got[~exact] - expected[~exact]) / np.spacing(np.abs(expected[~exact]))
     assert ulps.max() <= 8, f"{ulps.max()} ulps at x = {x[~exact][np.argmax(ulps)]}"
+
+
+GEMMS = {  # case: (Gemm attributes, whether C is given)
+    "alpha_half_bias": ({"alpha": 0.5, "beta": 2.0, "transB": 1}, True),
+    "alpha_half": ({"alpha": 0.5}, False),
+    "alpha_four_bias": ({"alpha": 4.0, "transB": 1}, True),
+}
+
+
+@pytest.mark.parametrize("case", list(GEMMS))
+def test_gemm_scales_the_product(tmp_path, case):
+    """alpha * (A @ B) as onnxruntime computes it: a product that overflows is inf even when alpha
+    would bring it back into range (TVM's importer scaled A first: 0.5 * 3e38 * 2 was finite)."""
+    attrs, with_bias = GEMMS[case]
+    w = np.array([[2.0, 0.5], [-1.0, 4.0]], F32)
+    inits = {"w": w.T.copy() if not attrs.get("transB") else w, **({"c": np.array([1.0, -1.0], F32)} if with_bias else {})}
+    gemm = node("Gemm", ["x", "w", "c"] if with_bias else ["x", "w"], "g", **attrs)
+    m = model([gemm, node("Neg", ["g"], "y")], {"x": ("N", 2)}, {"y": ("N", 2)}, inits, opset=17)
+    x = np.array([[3e38, 0.0], [1.0, 2.0], [np.inf, 1.0], [-3e38, 1e-40], [1e38, 0.0], [-0.0, 0.0]], F32)
+    check_fused_matches_onnxruntime(m, {"x": x}, tmp_path)

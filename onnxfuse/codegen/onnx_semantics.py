@@ -46,6 +46,11 @@ translates faithfully.
    -66161.65964984), and 0 for |x| under 1e-16. Below |x| = 1/8 it is written as its Taylor series
    x (1 + c1 x^2 + ... + c9 x^18), whose next term is under 1e-20 relative there; above, the
    formula's error is under 4 ulps. float32 Tanh is fast_math.py's polynomial.
+7. Gemm with alpha other than 1: TVM's importer scales A by alpha before the product; onnxruntime
+   scales the product. Where A @ B overflows, onnxruntime's result is inf, the importer's finite
+   (alpha = 0.5, a row holding -3.4e38: inf, so Cos gave NaN, where the kernel's Cos gave 0.80;
+   fuzzer, November 26), and a product alpha brings back into range the other way round. The
+   Gemm is written as the product (alpha = 1, no C), a Mul by alpha, then the Add of beta * C.
 """
 
 from __future__ import annotations
@@ -200,6 +205,23 @@ def _rewrite_float64_tanh(node, elem_types, prefix: str):
     return b
 
 
+def _rewrite_gemm_alpha(node, elem_types, prefix: str, opset: int):
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
+    float_type = _FLOATS.get(elem_types.get(node.input[0]))
+    if alpha == 1.0 or float_type is None or opset < 11:  # before opset 11 a Gemm must have C
+        return None
+    b = _Builder(prefix, float_type)
+    product = b.op("Gemm", node.input[0], node.input[1], transA=attrs.get("transA", 0), transB=attrs.get("transB", 0))
+    bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    if bias is None:
+        b.op("Mul", product, b.constant(alpha), output=node.output[0])
+        return b
+    scaled = b.op("Mul", product, b.constant(alpha))
+    b.op("Add", scaled, bias if beta == 1.0 else b.op("Mul", bias, b.constant(beta)), output=node.output[0])
+    return b
+
+
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     inferred = onnx.shape_inference.infer_shapes(model)
     graph = inferred.graph
@@ -209,9 +231,9 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` (a group) with Clip, float→int Cast, Softplus, float16 Sign and float64 Tanh
-    nodes rewritten as above; the same object when there is nothing to rewrite."""
-    rewritten_ops = ("Clip", "Cast", "Softplus", "Sign", "Tanh")
+    """`model` (a group) with Clip, float→int Cast, Softplus, float16 Sign, float64 Tanh and
+    scaled Gemm nodes rewritten as above; the same object when there is nothing to rewrite."""
+    rewritten_ops = ("Clip", "Cast", "Softplus", "Sign", "Tanh", "Gemm")
     if not any(n.op_type in rewritten_ops and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
@@ -230,6 +252,8 @@ def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
             rewrite = _rewrite_float16_sign(node, elem_types, prefix)
         elif node.domain in ("", "ai.onnx") and node.op_type == "Tanh":
             rewrite = _rewrite_float64_tanh(node, elem_types, prefix)
+        elif node.domain in ("", "ai.onnx") and node.op_type == "Gemm":
+            rewrite = _rewrite_gemm_alpha(node, elem_types, prefix, opset)
         if rewrite is None:
             nodes.append(node)
             continue
