@@ -253,7 +253,7 @@ KNOWN_BUGS = (
              "at overflow the shipped check's random inputs do not see it (65504 or -0.0 where onnxruntime gives inf), nor a "
              "Cast to int of a float16 sum that rounds across an integer (77 where onnxruntime casts 76.99 to 76)",
              (), ("float16-boundary-clip-overflow", "float16-boundary-pow-less", "float16-boundary-reducesum-cast"),
-             _float16_forks),
+             _float16_forks, fixed=True),
     KnownBug("sigmoid-tail-zero",
              "Sigmoid(-78.5) was 8.6e-35 where onnxruntime's is exactly 0 (its float32 sigmoid clamps the input "
              "to -18, its float64 one is 0 below -36.74), so Sigmoid -> Cast -> MatMul with an inf weight gave inf "
