@@ -40,7 +40,7 @@ SUM_INITS = {"shape": np.array([-1, 3], np.int64), "axes": np.array([0, 1], np.i
 SUM = [node("Reshape", ["x", "shape"], "r"), node("ReduceSum", ["r", "axes"], "s", keepdims=0)]
 LO = {"lo": np.array(-1, np.float16)}
 
-CASES = {  # case: (nodes, inputs, outputs (name -> type), initializers, feeds, values carried as float32)
+CASES = {  # case: (nodes, inputs, outputs (name -> type), initializers, feeds, values crossing as float32)
     # the Clip is computed in float32 (isolated between float32 nodes): Abs and Neg read 70000, not 65504
     "clip_read_by_unfused": (
         [node("Mul", ["a", "b"], "p"), node("Clip", ["p", "lo"], "q"), node("Abs", ["q"], "y1"), node("Neg", ["q"], "y2")],
@@ -65,6 +65,11 @@ CASES = {  # case: (nodes, inputs, outputs (name -> type), initializers, feeds, 
     # the sum is also a graph output: onnxruntime keeps the rounding Cast, the Cast to int32 reads 77
     "sum_output_and_cast_to_int": (
         [*SUM, node("Cast", ["s"], "y", to=I32)], {"x": ("N", 3)}, {"y": I32, "s": F16}, SUM_INITS, {"x": X}, set()),
+    # a sum no group takes (over the batch axis) read by a group: it reads 76.98 - 77, not 0
+    "unfused_sum_into_group": (
+        [node("ReduceSum", ["x", "axes"], "s", keepdims=0), node("Sub", ["s", "c"], "d"), node("Mul", ["d", "k"], "y")],
+        {"x": ("N", 3)}, {"y": F16}, {"axes": np.array([0, 1], np.int64), "c": np.array(77, np.float16),
+                                       "k": np.array(1000, np.float16)}, {"x": X}, {"s"}),
     # read outside by a float16 kernel (Max) only: rounded in onnxruntime too, nothing carried
     "read_by_float16_kernel": (
         [node("Mul", ["a", "b"], "p"), node("Add", ["p", "b"], "q"), node("Max", ["q", "b"], "y1"),
@@ -101,7 +106,7 @@ def test_written_model_equals_onnxruntime_on_the_original(tmp_path, case):
     got = InferenceSession(str(result.model_path), providers=["CPUExecutionProvider"]).run(None, feeds)
     for g, e in zip(got, expected, strict=True):
         assert_bitwise_equal(g, e)
-    assert {v for g in report["groups"] for v in g.get("float32_outputs", ())} == CASES[case][5]
+    assert {v for g in report["groups"] for v in g.get("float32_outputs", []) + g.get("float32_inputs", [])} == CASES[case][5]
 
 
 def test_rounding_at_the_boundary_showed(tmp_path):

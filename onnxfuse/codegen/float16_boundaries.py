@@ -1,4 +1,4 @@
-"""Which float16 group outputs cross their group's boundary unrounded, as float32.
+"""Which float16 values cross a group's boundary unrounded, as float32.
 
 Why: onnxruntime computes a float16 node without a float16 kernel in float32 and hands its
 result unrounded to the next such node (float16_as_onnxruntime.py); a group output is rounded
@@ -14,6 +14,9 @@ when, in the original model:
   be isolated after a Cast), and none of the producer's float16 operands is a Cast or an
   isolated node of the group (its new Cast to float32 would keep a lossy Cast's rounding, or end
   the isolation).
+A value an unfused float32 node computes is read as float32 by the groups whose readers of it are
+all float32 nodes: the written model casts it to float32, and onnxruntime removes that Cast with
+the rounding one it inserts after the node (so also when a carrying group falls back).
 Elsewhere the boundary stays as it was: rounded. Groups inside If/Loop/Scan bodies are left so.
 """
 
@@ -60,32 +63,38 @@ def carry_float32(graph: Graph, plan: FusionPlan) -> FusionPlan:
             inside = [c for c in value.consumers if member.get(c) == group.name]
             if not all(float32_node(c) for c in inside) or not _operands_keep(graph, n, group.name, member, float32):
                 continue
-            reading_groups: set[str] = set()
-            rewired: list[int] = []
-            for c in set(value.consumers) - set(inside):
-                if c not in readers:
-                    continue
-                other = member.get(c)
-                if other is None and graph.nodes[c].op_type == "Cast" and graph.nodes[c].domain in ("", "ai.onnx"):
-                    rewired.append(c)
-                elif other is None and float32_node(c):
-                    reading_groups.add("")
-                elif other is not None and all(r in readers and float32_node(r)
-                                               for r in value.consumers if member.get(r) == other):
-                    reading_groups.add(other)
-            if not (reading_groups or rewired):
+            outside = set(value.consumers) - set(inside)
+            rewired = sorted(c for c in outside if c in readers and c not in member and graph.nodes[c].op_type == "Cast"
+                             and graph.nodes[c].domain in ("", "ai.onnx"))
+            reading = _reading_groups(value.consumers, readers, member, float32_node, group.name)
+            if not (reading or rewired or any(c in readers and c not in member and float32_node(c) for c in outside)):
                 continue
             outputs.setdefault(group.name, []).append(v)
-            casts.setdefault(group.name, []).extend(sorted(rewired))
-            for other in reading_groups - {""}:
+            casts.setdefault(group.name, []).extend(rewired)
+            for other in reading:
                 inputs.setdefault(other, []).append(v)
-    if not outputs:
+    for n in sorted(float32 - set(member)):  # unfused float32 nodes: the groups reading them read float32
+        node = graph.nodes[n]
+        if not float32_node(n) or len(node.outputs) != 1 or node.outputs[0] not in unrounded:
+            continue
+        v = node.outputs[0]
+        for other in _reading_groups(graph.value(v).consumers, unrounded[v][1], member, float32_node, None):
+            inputs.setdefault(other, []).append(v)
+    if not outputs and not inputs:
         return plan
     carried = [dataclasses.replace(g, float32_outputs=tuple(outputs.get(g.name, ())),
                                    float32_inputs=tuple(v for v in g.inputs if v in inputs.get(g.name, ())),
                                    unrounded_casts=tuple(casts.get(g.name, ())))
                if not g.scope and (g.name in outputs or g.name in inputs) else g for g in plan.groups]
     return dataclasses.replace(plan, groups=carried)
+
+
+def _reading_groups(consumers: list[int], readers: set[int], member: dict[int, str], float32_node,
+                    producer_group: str | None) -> set[str]:
+    """The groups (but the producer's) that read a value only in float32 nodes onnxruntime gives
+    it unrounded: they can take it as float32."""
+    groups = {member[c] for c in consumers if c in member and member[c] != producer_group}
+    return {g for g in groups if all(c in readers and float32_node(c) for c in consumers if member.get(c) == g)}
 
 
 def _operands_keep(graph: Graph, index: int, group: str, member: dict[int, str], float32: set[int]) -> bool:

@@ -40,7 +40,8 @@ class FusedGroup:
     """float16 outputs the group hands on unrounded, as float32 (fusion/float32_boundaries.py):
     onnxruntime computes them in float32 and some reader outside the group reads them so."""
     float32_inputs: tuple[str, ...] = ()
-    """float16 inputs the group reads unrounded, as float32: another group's float32_outputs."""
+    """float16 inputs the group reads unrounded, as float32: another group's float32_outputs, or
+    the result of an unfused node onnxruntime computes in float32."""
     unrounded_casts: tuple[int, ...] = ()
     """Unfused Casts (node indices) that read one of float32_outputs unrounded, as onnxruntime's
     Cast removal makes them in the original model."""
