@@ -27,7 +27,7 @@ import dataclasses
 import numpy as np
 from onnx import helper
 
-from ..fusion.plan import FusedGroup, FusionPlan
+from ..fusion.plan import FusionPlan
 from ..ir import Graph
 from .float16_as_onnxruntime import FLOAT32_OPS, onnxruntime_float32
 
