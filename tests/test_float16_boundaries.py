@@ -195,3 +195,17 @@ def test_onnxruntime_removes_the_written_rounding_cast():
     to_int = helper.make_node("Cast", ["c"], ["i"], to=I32)
     (i,) = _session([cast, to_int], {"x": F32}, {"i": I32}).run(None, {"x": x})
     assert i[1] == 77  # rounded first: the Cast pair stays
+
+
+def test_cached_kernels_read_and_write_the_float32_values(tmp_path):
+    """A second run takes both kernels from the cache and binds the reader's float32 argument."""
+    m = _model("group_to_group")
+    feeds = CASES["group_to_group"][4]
+    source = tmp_path / "m.onnx"
+    onnx.save(m, str(source))
+    for run in ("first", "second"):
+        result = optimize(source, tmp_path / f"{run}.onnx", cache_dir=tmp_path / "cache", jobs=1, select="all")
+    assert result.report["groups_cached"] == 2
+    got = InferenceSession(str(result.model_path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for g, e in zip(got, original_session(m).run(None, feeds), strict=True):
+        assert_bitwise_equal(g, e)
