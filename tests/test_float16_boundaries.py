@@ -209,3 +209,19 @@ def test_cached_kernels_read_and_write_the_float32_values(tmp_path):
     got = InferenceSession(str(result.model_path), providers=["CPUExecutionProvider"]).run(None, feeds)
     for g, e in zip(got, original_session(m).run(None, feeds), strict=True):
         assert_bitwise_equal(g, e)
+
+
+def test_not_carried_when_a_body_reads_it(tmp_path):
+    """A value an If branch reads by name: onnxruntime's Cast removal counts that reader, the
+    analysis does not, so the boundary is left as it was."""
+    nodes, inputs, outputs, inits, _, _ = CASES["sum_cast_to_int"]
+    branch = helper.make_graph([node("Identity", ["s"], "t")], "branch", [],
+                               [helper.make_tensor_value_info("t", F16, None)])
+    reads_s = node("If", ["flag"], "z", then_branch=branch, else_branch=branch)
+    m = model([*nodes, reads_s], {**inputs, "flag": ()}, ["y", "z"], inits, dtype=F16)
+    m.graph.input[1].type.tensor_type.elem_type = TensorProto.BOOL
+    graph, plan = _plan(onnx.shape_inference.infer_shapes(m), tmp_path)
+    (group,) = [g for g in plan.groups if not g.scope]
+    assert group.outputs == ("s",) and not group.float32_outputs
+    graph, plan = _plan(_model("sum_cast_to_int"), tmp_path)
+    assert plan.groups[0].float32_outputs == ("s",)  # the same without the If

@@ -17,7 +17,8 @@ when, in the original model:
 A value an unfused float32 node computes is read as float32 by the groups whose readers of it are
 all float32 nodes: the written model casts it to float32, and onnxruntime removes that Cast with
 the rounding one it inserts after the node (so also when a carrying group falls back).
-Elsewhere the boundary stays as it was: rounded. Groups inside If/Loop/Scan bodies are left so.
+Elsewhere the boundary stays as it was: rounded. Groups inside If/Loop/Scan bodies are left so,
+and so are values a body reads.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def carry_float32(graph: Graph, plan: FusionPlan) -> FusionPlan:
         for v in group.outputs:
             value = graph.value(v)
             n = value.producer
-            if value.dtype != _F16_NAME or n not in float32 or len(graph.nodes[n].outputs) != 1 or v not in unrounded:
+            if (value.dtype != _F16_NAME or n not in float32 or len(graph.nodes[n].outputs) != 1 or v not in unrounded
+                    or _read_by_a_body(graph, v)):
                 continue
             readers = unrounded[v][1]
             inside = [c for c in value.consumers if member.get(c) == group.name]
@@ -75,7 +77,8 @@ def carry_float32(graph: Graph, plan: FusionPlan) -> FusionPlan:
                 inputs.setdefault(other, []).append(v)
     for n in sorted(float32 - set(member)):  # unfused float32 nodes: the groups reading them read float32
         node = graph.nodes[n]
-        if not float32_node(n) or len(node.outputs) != 1 or node.outputs[0] not in unrounded:
+        if not float32_node(n) or len(node.outputs) != 1 or node.outputs[0] not in unrounded or _read_by_a_body(
+                graph, node.outputs[0]):
             continue
         v = node.outputs[0]
         for other in _reading_groups(graph.value(v).consumers, unrounded[v][1], member, float32_node, None):
@@ -87,6 +90,12 @@ def carry_float32(graph: Graph, plan: FusionPlan) -> FusionPlan:
                                    unrounded_casts=tuple(casts.get(g.name, ())))
                if not g.scope and (g.name in outputs or g.name in inputs) else g for g in plan.groups]
     return dataclasses.replace(plan, groups=carried)
+
+
+def _read_by_a_body(graph: Graph, value: str) -> bool:
+    """Whether an If/Loop/Scan body reads `value`: float16_as_onnxruntime counts only the readers
+    that name it as an input, so what it says of such a value's Casts is not sure."""
+    return any(value in graph.nodes[c].implicit_inputs for c in graph.value(value).consumers)
 
 
 def _reading_groups(consumers: list[int], readers: set[int], member: dict[int, str], float32_node,
