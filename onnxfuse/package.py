@@ -14,6 +14,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import __version__
+from .fusion.float32_boundaries import carried_name, written_boundary
 from .fusion.plan import FusedGroup
 from .ir import Graph, body_path
 from .kernel_spec import DOMAIN, DOMAIN_VERSION, LIBRARY_METADATA_KEY, GroupKernel
@@ -74,6 +75,7 @@ def _replace_groups(g: onnx.GraphProto, graph: Graph, fused: list[tuple[FusedGro
     first_member = {min(group.node_indices): (group, kernel) for group, kernel in fused}
     nodes: list[tuple[int, onnx.NodeProto]] = []  # (original position, node)
     extra_inits: dict[str, onnx.TensorProto] = {}  # by name: groups that share a kernel may share a lifted weight
+    boundary_casts, rewired = written_boundary(list(g.node), [group for group, _ in fused])
     for index, proto in enumerate(g.node):
         if index in first_member:
             group, kernel = first_member[index]
@@ -81,7 +83,8 @@ def _replace_groups(g: onnx.GraphProto, graph: Graph, fused: list[tuple[FusedGro
             nodes.append((index, node))
             extra_inits.update((w.name, w) for w in weights)
         elif index not in replaced:
-            nodes.append((index, proto))
+            nodes.append((index, rewired.get(index, proto)))
+    nodes += [(min(group.node_indices) if group else 0, cast) for group, cast in boundary_casts]
     ordered = [_copy(n) for n in _topological(nodes)]  # copies: the node list is rebuilt below
     del g.node[:]
     g.node.extend(ordered)
@@ -116,7 +119,8 @@ def custom_op_node(group: FusedGroup, kernel: GroupKernel, graph: Graph | None =
             inputs.append(name)
         else:
             inputs.append(source)
-    node = helper.make_node(kernel.spec.name, inputs, list(group.outputs), name=f"onnxfuse_{group.name}", domain=DOMAIN,
+    outputs = [carried_name(o) if o in group.float32_outputs else o for o in group.outputs]
+    node = helper.make_node(kernel.spec.name, inputs, outputs, name=f"onnxfuse_{group.name}", domain=DOMAIN,
                             doc_string=describe_group(group, graph))
     return node, weights
 

@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections import ChainMap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,12 +26,14 @@ import onnx
 from . import __version__
 from .atomic import write_text_atomic
 from .cache import KernelCache, default_cache_dir, group_key, kernel_name
+from .codegen.float16_boundaries import carry_float32
 from .codegen.worker import compile_one
 from .errors import CompileError, UsageError
 from .frontend.ir_version import require_loadable_ir_version
 from .frontend.loader import load_model
 from .frontend.validate import external_data_files, tensor_bytes, validate_model_file
 from .fusion.extract import extract_group
+from .fusion.float32_boundaries import carried_name
 from .fusion.partition import FusionOptions
 from .fusion.plan import FusedGroup, FusionPlan, plan_fusion
 from .gates import is_compute_op
@@ -246,7 +249,8 @@ def run_pipeline(model_path: Path, out_path: Path | None, options: OptimizeOptio
     require_loadable_ir_version(graph.model, model_path)
     node_op_types = tuple((scope, n.index, n.op_type) for scope, body in graph.scopes() for n in body.nodes)
     clock.lap("load")
-    plan = plan_fusion(graph, options.fusion, leave_to_onnxruntime if options.select == "auto" else None)
+    plan = carry_float32(graph, plan_fusion(graph, options.fusion,
+                                            leave_to_onnxruntime if options.select == "auto" else None))
     clock.lap("plan")
 
     with tempfile.TemporaryDirectory(prefix="onnxfuse-build-") as build_dir:
@@ -353,12 +357,12 @@ def _compile_groups(graph: Graph, plan: FusionPlan, tgt: Target, options: Optimi
         key = group_key(canonical.model, f"{tgt.key}|dup{dup}")
         hit = cache.load(key)
         if hit is not None:
-            bound = canonical.bind(hit[0], graph.scope(group.scope).values)
+            bound = canonical.bind(hit[0], _argument_values(graph, group))
             outcomes[group.name] = GroupOutcome(group, "cached", bound, info=hit[1])
             continue
         pending.setdefault(key, (canonical.model.SerializeToString(deterministic=True), kernel_name(key), dup,
                                  canonical.weights))
-        waiting.setdefault(key, []).append((group, canonical.slim(graph.scope(group.scope).values)))
+        waiting.setdefault(key, []).append((group, canonical.slim(_argument_values(graph, group))))
 
     jobs = max(1, min(options.jobs or os.cpu_count() or 1, len(pending)))
     running = _InFlight([waiting[key][0][0] for key in pending], pending, jobs)
@@ -377,13 +381,19 @@ def _compile_groups(graph: Graph, plan: FusionPlan, tgt: Target, options: Optimi
                     info = {**info, "cache_error": str(exc)}
             for group, canonical in waiting[key]:
                 status = "compiled" if kernel is not None else "fallback"
-                bound = canonical.bind(kernel, graph.scope(group.scope).values) if kernel is not None else None
+                bound = canonical.bind(kernel, _argument_values(graph, group)) if kernel is not None else None
                 outcomes[group.name] = GroupOutcome(group, status, bound, reason, seconds, info)
             progress.step(waiting[key][0][0], kernel is not None, seconds, reason, groups=len(waiting[key]))
             progress.compiling(running.groups())
     finally:
         progress.finish()
     return [outcomes[g.name] for g in plan.groups]
+
+
+def _argument_values(graph: Graph, group: FusedGroup) -> ChainMap:
+    """The values the group's custom node can read: the model's, and the float32 values of the
+    float16 ones it reads unrounded (fusion/float32_boundaries.py)."""
+    return ChainMap(graph.scope(group.scope).values, dict.fromkeys(map(carried_name, group.float32_inputs)))
 
 
 def _too_heavy(graph: Graph, group: FusedGroup) -> str | None:

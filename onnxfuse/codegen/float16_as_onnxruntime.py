@@ -177,6 +177,15 @@ def _unrounded_reads(model: onnx.ModelProto, types, modes) -> dict[str, tuple[st
     return result
 
 
+def onnxruntime_float32(model: onnx.ModelProto, types: dict[str, int]) -> tuple[set[int], dict[str, tuple[str, set[int]]]]:
+    """The nodes onnxruntime computes in float32 on unrounded operands (indices into
+    `model.graph.node`), and for each float16 value rounded by a Cast, the nodes that read its
+    unrounded source instead (see `_unrounded_reads`). `types`: element type by value name."""
+    modes = _modes(model, types)
+    float32 = {i for i, mode in modes.items() if mode == _FLOAT32}
+    return float32, _unrounded_reads(model, types, modes) if float32 else {}
+
+
 def computed_as_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model` with float16 arithmetic in float32 where onnxruntime computes it so (module doc);
     the same object when it has none."""

@@ -13,6 +13,7 @@ from onnx import helper, numpy_helper, version_converter
 
 from ..errors import CompileError
 from ..ir import Graph, Value
+from .float32_boundaries import carrying_group_model
 from .forward_graph import SHAPE_FROM_OUTPUT
 from .plan import FusedGroup
 from .rebuilt_shapes import dim_sources, shape_nodes
@@ -58,7 +59,7 @@ def extract_group(graph: Graph, group: FusedGroup) -> onnx.ModelProto:
     opset = graph.opsets.get("", 17)
     group_model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)],
                                     ir_version=max(graph.model.ir_version, 7))
-    return _modernized(group_model) if opset < MIN_GROUP_OPSET else group_model
+    return carrying_group_model(_modernized(group_model) if opset < MIN_GROUP_OPSET else group_model, group)
 
 
 MIN_GROUP_OPSET = 13

@@ -36,6 +36,15 @@ class FusedGroup:
     generator computes each of them once (bounded by its duplication limit)."""
     scope: str = ""
     """"" in the model's graph; else the path of the subgraph body it lives in (ir.Graph.scopes)."""
+    float32_outputs: tuple[str, ...] = ()
+    """float16 outputs the group hands on unrounded, as float32 (fusion/float32_boundaries.py):
+    onnxruntime computes them in float32 and some reader outside the group reads them so."""
+    float32_inputs: tuple[str, ...] = ()
+    """float16 inputs the group reads unrounded, as float32: another group's float32_outputs, or
+    the result of an unfused node onnxruntime computes in float32."""
+    unrounded_casts: tuple[int, ...] = ()
+    """Unfused Casts (node indices) that read one of float32_outputs unrounded, as onnxruntime's
+    Cast removal makes them in the original model."""
 
     def materialised(self, max_duplication: int) -> int:
         """How many reused values the duplication bound makes the kernel compute once."""
@@ -54,6 +63,8 @@ class FusedGroup:
         }
         if self.scope:
             out["scope"] = self.scope
+        if self.float32_outputs or self.float32_inputs:
+            out.update(float32_outputs=list(self.float32_outputs), float32_inputs=list(self.float32_inputs))
         if max_duplication is not None:
             out["materialised_values"] = self.materialised(max_duplication)
         return out
