@@ -162,3 +162,40 @@ def test_gemm_scales_the_product(tmp_path, case):
     m = model([gemm, node("Neg", ["g"], "y")], {"x": ("N", 2)}, {"y": ("N", 2)}, inits, opset=17)
     x = np.array([[3e38, 0.0], [1.0, 2.0], [np.inf, 1.0], [-3e38, 1e-40], [1e38, 0.0], [-0.0, 0.0]], F32)
     check_fused_matches_onnxruntime(m, {"x": x}, tmp_path)
+
+
+WHERE_TYPES = {"float32": (TensorProto.FLOAT, np.float32), "float64": (TensorProto.DOUBLE, np.float64),
+               "float16": (TensorProto.FLOAT16, np.float16)}
+
+
+def _where_model(onnx_type) -> onnx.ModelProto:
+    nodes = [node("Where", ["c", "x", "y"], "w"), node("Reciprocal", ["w"], "z")]
+    m = model(nodes, {"x": ("N", 4), "y": ("N", 4)}, {"z": ("N", 4)}, dtype=onnx_type, opset=17)
+    m.graph.input.insert(0, onnx.helper.make_tensor_value_info("c", TensorProto.BOOL, ["N", 4]))
+    return m
+
+
+def _where_feeds(np_type) -> dict:
+    c = np.array([[True, False, True, False], [False, True, True, False]])
+    x = np.array([[-0.0, 1.0, np.inf, 2.0], [-0.0, -0.0, np.nan, 0.0]], np_type)
+    y = np.array([[5.0, -0.0, np.nan, -np.inf], [-0.0, 3.0, 1.0, -0.0]], np_type)
+    return {"c": c, "x": x, "y": y}
+
+
+@pytest.mark.parametrize("type_name", list(WHERE_TYPES))
+def test_onnxruntime_where_turns_a_first_branch_negative_zero_positive(type_name):
+    """Pins onnxruntime's off-spec Where that onnx_semantics rule 8 reproduces: -0.0 taken from x
+    comes out +0.0, from y it stays -0.0 (the spec's select keeps both)."""
+    onnx_type, np_type = WHERE_TYPES[type_name]
+    m = _where_model(onnx_type)
+    m.graph.output[0].name = "w"
+    del m.graph.node[1]
+    (w,) = original_session(m).run(None, _where_feeds(np_type))
+    assert not np.signbit(w[0, 0]) and not np.signbit(w[1, 1]), "from x: +0.0"
+    assert np.signbit(w[0, 1]) and np.signbit(w[1, 0]) and np.signbit(w[1, 3]), "from y: -0.0"
+
+
+@pytest.mark.parametrize("type_name", list(WHERE_TYPES))
+def test_where_negative_zero_as_onnxruntime(tmp_path, type_name):
+    onnx_type, np_type = WHERE_TYPES[type_name]
+    check_fused_matches_onnxruntime(_where_model(onnx_type), _where_feeds(np_type), tmp_path)

@@ -51,6 +51,11 @@ translates faithfully.
    (alpha = 0.5, a row holding -3.4e38: inf, so Cos gave NaN, where the kernel's Cos gave 0.80;
    fuzzer, November 26), and a product alpha brings back into range the other way round. The
    Gemm is written as the product (alpha = 1, no C), a Mul by alpha, then the Add of beta * C.
+8. Where picking -0.0 from its first branch: onnxruntime's float Where gives +0.0 there (float16,
+   float32 and float64; from its second branch -0.0 stays, and every other value is kept; measured
+   with onnxruntime 1.32, pinned by test_ieee_special_ops), which the spec's select does not;
+   a Pow(-1) after it is +inf, where a plain select gives -inf (fuzzer, November 26, seed 61). The
+   first branch is written `x + 0.0`, which maps -0.0 to +0.0 and keeps every other value.
 """
 
 from __future__ import annotations
@@ -222,6 +227,24 @@ def _rewrite_gemm_alpha(node, elem_types, prefix: str, opset: int):
     return b
 
 
+def _rewrite_where(node, elem_types, prefix: str, constants: dict):
+    float_type = {**_FLOATS, TensorProto.FLOAT16: np.float16}.get(elem_types.get(node.input[1]))
+    if float_type is None:
+        return None
+    chosen = constants.get(node.input[1])
+    if chosen is not None and not np.any(np.signbit(chosen) & (chosen == 0)):
+        return None  # a constant without -0.0 (a tree program's 0/1 table): nothing to turn
+    b = _Builder(prefix, float_type)
+    positive_zero = b.op("Add", node.input[1], b.constant(0.0))
+    b.nodes.append(helper.make_node("Where", [node.input[0], positive_zero, node.input[2]], list(node.output),
+                                    name=node.name))
+    return b
+
+
+def _where_branches(model: onnx.ModelProto) -> set[str]:
+    return {n.input[1] for n in model.graph.node if n.op_type == "Where" and n.domain in ("", "ai.onnx")}
+
+
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     inferred = onnx.shape_inference.infer_shapes(model)
     graph = inferred.graph
@@ -232,12 +255,14 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
 
 def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model` (a group) with Clip, float→int Cast, Softplus, float16 Sign, float64 Tanh and
-    scaled Gemm nodes rewritten as above; the same object when there is nothing to rewrite."""
-    rewritten_ops = ("Clip", "Cast", "Softplus", "Sign", "Tanh", "Gemm")
+    scaled Gemm and float Where nodes rewritten as above; the same object when there is nothing to
+    rewrite."""
+    rewritten_ops = ("Clip", "Cast", "Softplus", "Sign", "Tanh", "Gemm", "Where")
     if not any(n.op_type in rewritten_ops and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     elem_types = _elem_types(model)
+    constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name in _where_branches(model)}
     nodes, initializers, changed = [], [], False
     for index, node in enumerate(model.graph.node):
         prefix = f"onnxfuse_ort{index}"
@@ -254,6 +279,8 @@ def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
             rewrite = _rewrite_float64_tanh(node, elem_types, prefix)
         elif node.domain in ("", "ai.onnx") and node.op_type == "Gemm":
             rewrite = _rewrite_gemm_alpha(node, elem_types, prefix, opset)
+        elif node.domain in ("", "ai.onnx") and node.op_type == "Where":
+            rewrite = _rewrite_where(node, elem_types, prefix, constants)
         if rewrite is None:
             nodes.append(node)
             continue

@@ -174,6 +174,10 @@ def _gemm_scaled(cone: Cone, kind: str, detail: str) -> bool:
     return kind in ("nan", "inf", "value") and any(scaled(n) for n in cone.ops("Gemm"))
 
 
+def _where_negative_zero(cone: Cone, kind: str, detail: str) -> bool:
+    return kind in ("inf", "value", "exact") and bool(cone.ops("Where"))
+
+
 def _integer_minmax_identity(cone: Cone, kind: str, detail: str) -> bool:
     return kind == "value" and any(cone.types.get(n.output[0]) in INT_TYPES for n in cone.ops("Min", "Max"))
 
@@ -280,6 +284,11 @@ KNOWN_BUGS = (
              "the product, so the product stayed finite where onnxruntime's overflows to inf (Cos: 0.80 for NaN; "
              "onnx_semantics.py rule 7 now scales the product)",
              (), ("gemm-alpha-overflow",), _gemm_scaled, fixed=True),
+    KnownBug("where-negative-zero",
+             "Where(c, x, y) picking x = -0.0, then Pow(-1): -inf where onnxruntime gives +inf; onnxruntime's "
+             "float Where returns +0.0 for a -0.0 of its first branch (off-spec; onnx_semantics.py rule 8 "
+             "reproduces it)",
+             (), ("where-negative-zero",), _where_negative_zero, fixed=True),
     KnownBug("erf-tiny-input",
              "Erf(Erf(x)) * y with x = 1e-45, y = inf: the fast erf gave 0 for a subnormal x (its polynomial "
              "multiplies x by a coefficient near 1e-4 first) where onnxruntime gives 1e-45, so NaN instead of inf",
