@@ -39,7 +39,7 @@ import tvm_ffi
 from tvm import s_tir
 
 from ..errors import short_reason
-from . import gemm_shapes, ieee_order, tir_walk, tree_schedule
+from . import concat_blocks, gemm_shapes, ieee_order, tir_walk, tree_schedule
 from .register_file import AVX512, RegisterFile
 
 TILE_ELEMENTS = 8192  # elements of the widest intermediate row block kept per tile
@@ -250,15 +250,23 @@ def separate_read_outputs(sch, stats: ScheduleStats) -> None:
     gets a cache_write: computed into an intermediate, then copied out. TVM refuses compute_at
     on an output block, so without this none of its producers could move under the row tile."""
     for block_rv in list(sch.get_output_blocks(sch.get_sblock("root"))):
-        consumers = list(sch.get_consumers(block_rv))
+        consumers = _readers(sch, block_rv)
         if consumers:
             name = sch.get(block_rv).name_hint
             _try(stats, f"separate output {name}", lambda: sch.cache_write(block_rv, 0, "global", consumer_blocks=consumers))
 
 
+def _readers(sch, block_rv) -> list:
+    """The consumers that read what the block writes. TVM also counts a later block writing
+    other elements of the same buffer (the parts of a Concat, concat_blocks) as a consumer."""
+    written = [region.source for region in sch.get(block_rv).writes]
+    return [c for c in sch.get_consumers(block_rv)
+            if any(r.source.same_as(w) for r in sch.get(c).reads for w in written)]
+
+
 def _sink_outputs(sch):
     outputs = list(sch.get_output_blocks(sch.get_sblock("root")))
-    return [b for b in outputs if not list(sch.get_consumers(b))] or outputs
+    return [b for b in outputs if not _readers(sch, b)] or outputs
 
 
 def tile_rows(sch, stats: ScheduleStats, row_elements: int, small_batch: bool = False):
@@ -782,7 +790,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     registers: the target's vector registers, which size the GEMM register tile and every vector
     loop (register_file)."""
     stats = ScheduleStats()
-    func = simplify(func)
+    func = simplify(concat_blocks.split_by_source(func))
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     stats.blocks = len(_blocks(sch))
     stats.row_work = row_work(sch)
