@@ -79,14 +79,15 @@ def _substituted(node, mapping):
 
 
 def _part(loops, realize, axis: int, start: int, extent: int, value, name: str, buffers):
-    """The nest of `realize` over [start, start + extent) of the block's `axis`, storing `value`;
-    every loop and block variable fresh (the parts must not share definitions)."""
+    """The nest of `realize` over [start, start + extent) of the block's `axis`, storing `value`,
+    under `loops` (the cut axis's loop and those inside it) with fresh variables: the parts
+    share the loops outside, not these definitions."""
     block = realize.block
     cut_var = block.iter_vars[axis].var
     cut_loop_var = realize.iter_values[axis]
     loop_vars = {lp.loop_var: tirx.Var(lp.loop_var.name, lp.loop_var.ty.dtype) for lp in loops}
     block_vars = {iv.var: tirx.Var(iv.var.name, iv.var.ty.dtype) for iv in block.iter_vars}
-    inside = {v: new for v, new in block_vars.items()}
+    inside = dict(block_vars)
     inside[cut_var] = block_vars[cut_var] + tirx.const(start, cut_var.ty.dtype) if start else block_vars[cut_var]
     iter_vars = []
     for k, iv in enumerate(block.iter_vars):
@@ -109,23 +110,34 @@ def _part(loops, realize, axis: int, start: int, extent: int, value, name: str, 
     return stmt
 
 
-def _split_nest(stmt, buffers, split_ok) -> list:
-    """`stmt` as one nest per source if it is a by-position block (recursively: three sources)."""
+def _split_nest(stmt, buffers, split_ok) -> list | None:
+    """`stmt`, if it is a by-position block's nest, as the statements that replace it: the loops
+    outside the cut axis around one nest per source (split again for a third source), so each
+    row still computes all its sources in turn. None if it is no such nest."""
     nest = _perfect_nest(stmt)
-    if nest is None:
-        return [stmt]
+    if nest is None or not split_ok(nest[1].block):
+        return None
     loops, realize = nest
-    if not split_ok(realize.block):
-        return [stmt]
     cut = _cut(loops, realize)
     if cut is None:
-        return [stmt]
+        return None
     axis, c, below, above = cut
+    first_inner = next(k for k, lp in enumerate(loops) if lp.loop_var.same_as(realize.iter_values[axis]))
+    outer, inner = loops[:first_inner], loops[first_inner:]
     extent = realize.block.iter_vars[axis].dom.extent.value
     name = realize.block.name_hint
-    parts = [_part(loops, realize, axis, 0, c, below, f"{name}_below{c}", buffers),
-             _part(loops, realize, axis, c, extent - c, above, f"{name}_from{c}", buffers)]
-    return [piece for part in parts for piece in _split_nest(part, buffers, split_ok)]
+    parts = [_part(inner, realize, axis, 0, c, below, f"{name}_below{c}", buffers),
+             _part(inner, realize, axis, c, extent - c, above, f"{name}_from{c}", buffers)]
+    pieces = []
+    for part in parts:
+        pieces.extend(_split_nest(part, buffers, split_ok) or [part])
+    if not outer:
+        return pieces
+    body = tirx.SeqStmt(pieces)
+    for lp in reversed(outer):
+        body = tirx.For(lp.loop_var, lp.min, lp.extent, lp.kind, body, lp.thread_binding, lp.annotations, lp.step,
+                        lp.span)
+    return [body]
 
 
 def split_by_source(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -146,8 +158,12 @@ def split_by_source(func: tirx.PrimFunc) -> tirx.PrimFunc:
     tvm_ffi.structural_visit(root.body, [(s_tir.SBlock, collect)])
     buffers = {b: b for b in [*func.params, *root.alloc_buffers] if is_buffer_var(b)}
     split_ok = lambda block: all(w.source not in read for w in block.writes)  # noqa: E731
-    new_stmts = [piece for stmt in stmts for piece in _split_nest(stmt, buffers, split_ok)]
-    if len(new_stmts) == len(stmts):
+    new_stmts, changed = [], False
+    for stmt in stmts:
+        pieces = _split_nest(stmt, buffers, split_ok)
+        changed |= pieces is not None
+        new_stmts.extend(pieces or [stmt])
+    if not changed:
         return func
     new_root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, tirx.SeqStmt(new_stmts),
                             root.init, root.alloc_buffers, root.match_buffers, root.annotations)

@@ -283,13 +283,13 @@ def tile_rows(sch, stats: ScheduleStats, row_elements: int, small_batch: bool = 
     stats.tile_rows = rows
     stats.symbolic_rows = batch is None
     anchors, tile_loops = [], []
-    for block_rv in outputs:
-        loops = sch.get_loops(block_rv)
+    for group in _by_first_loop(sch, outputs):
+        loops = sch.get_loops(group[0])
         if not loops or not _same_extent(sch.get(loops[0]).extent, extent):
             continue
         parts = _split(sch, stats, loops[0], [None, rows], "split row tile")
         if parts is not None:
-            anchors.append(sch.get(block_rv).name_hint)
+            anchors.extend(sch.get(b).name_hint for b in group)
             tile_loops.append(parts[0])
     if not tile_loops:
         return None
@@ -300,6 +300,20 @@ def tile_rows(sch, stats: ScheduleStats, row_elements: int, small_batch: bool = 
         else:
             anchors = anchors[:1]
     return anchors, tile_loops[0], batch
+
+
+def _by_first_loop(sch, blocks) -> list[list]:
+    """`blocks` grouped by their outermost loop: the parts of a Concat (concat_blocks) share it."""
+    groups: list[list] = []
+    for block_rv in blocks:
+        loops = sch.get_loops(block_rv)
+        first = sch.get(loops[0]) if loops else None
+        group = next((g for g in groups if first is not None and sch.get(sch.get_loops(g[0])[0]).same_as(first)), None)
+        if group is None:
+            groups.append([block_rv])
+        else:
+            group.append(block_rv)
+    return groups
 
 
 def _batch_loop_first(sch, stats: ScheduleStats, block_rv) -> None:
@@ -370,8 +384,9 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
     loops = _own_loops(sch, block_rv)
     trailing = []
     for loop in reversed(loops):
-        if _static(sch.get(loop).extent) is None:
-            break
+        node = sch.get(loop)
+        if _static(node.extent) is None or isinstance(node.body, tvm.tirx.SeqStmt):
+            break  # a loop shared with other blocks (a Concat's row loop, concat_blocks) cannot be fused
         trailing.insert(0, loop)
     if not trailing:
         return
