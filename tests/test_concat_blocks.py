@@ -18,6 +18,7 @@ from onnxfuse.target import resolve_target
 TARGET = resolve_target("native")
 REGISTERS = register_file.for_target(TARGET.tvm_target())
 _IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
+LANES = lambda dtype: 8  # noqa: E731 - whole vectors of 8 (AVX2's float32), so 3 x 8 and 5 x 8 columns split
 
 
 def _position_selects(func) -> int:
@@ -63,10 +64,16 @@ def _concat_read_again():
     return model(nodes, {"a": ("N", 16), "b": ("N", 16)}, {"y": ("N", 32)})
 
 
+def _rows_stacked():
+    """Concat along a static first axis: left whole (its 8 x 20 elements fill whole vectors)."""
+    nodes = [node("Neg", ["a"], "na"), node("Sigmoid", ["b"], "sb"), node("Concat", ["na", "sb"], "y", axis=0)]
+    return model(nodes, {"a": (3, 20), "b": (5, 20)}, {"y": (8, 20)})
+
+
 def test_each_source_gets_a_block_that_picks_nothing():
     func = relax_import.import_group(_concat_exit(), "k").prim_func
     assert _position_selects(func) == 1
-    split = concat_blocks.split_by_source(func)
+    split = concat_blocks.split_by_source(func, LANES)
     assert _position_selects(split) == 0
     assert sum(name.startswith("T_concat") for name in _block_names(split)) == 2
 
@@ -74,21 +81,33 @@ def test_each_source_gets_a_block_that_picks_nothing():
 def test_the_parts_share_the_loops_outside_the_cut():
     """Each row computes its sources in turn, as the single block did (two passes over each row
     tile, one per source, ran concat_exit about 5% slower at batch 1,000)."""
-    split = concat_blocks.split_by_source(relax_import.import_group(_concat_exit(), "k").prim_func)
+    split = concat_blocks.split_by_source(relax_import.import_group(_concat_exit(), "k").prim_func, LANES)
     shared = [lp for lp in _loops(split) if isinstance(lp.body, tvm.tirx.SeqStmt)]
     assert len(shared) == 1
     assert sorted(_block_names(shared[0])) == ["T_concat_below32", "T_concat_from32"]
 
 
 def test_three_sources_give_three_blocks():
-    split = concat_blocks.split_by_source(relax_import.import_group(_three_sources(), "k").prim_func)
+    split = concat_blocks.split_by_source(relax_import.import_group(_three_sources(), "k").prim_func, LANES)
     assert _position_selects(split) == 0
     assert sum(name.startswith("T_concat") for name in _block_names(split)) == 3
 
 
-def test_a_concat_read_by_another_block_is_left_whole():
-    func = relax_import.import_group(_concat_read_again(), "k").prim_func
-    assert concat_blocks.split_by_source(func).same_as(func)
+def _unaligned():
+    nodes = [node("Neg", ["a"], "na"), node("Sigmoid", ["b"], "sb"), node("Concat", ["na", "sb"], "y", axis=1)]
+    return model(nodes, {"a": ("N", 24), "b": ("N", 40)}, {"y": ("N", 64)})
+
+
+def test_parts_of_no_whole_vectors_are_not_split():
+    func = relax_import.import_group(_unaligned(), "k").prim_func
+    assert concat_blocks.split_by_source(func, lambda dtype: 16).same_as(func)
+    assert _position_selects(concat_blocks.split_by_source(func, LANES)) == 0
+
+
+@pytest.mark.parametrize("build", [_concat_read_again, _rows_stacked])
+def test_a_concat_read_by_another_block_or_along_rows_is_left_whole(build):
+    func = relax_import.import_group(build(), "k").prim_func
+    assert concat_blocks.split_by_source(func, LANES).same_as(func)
 
 
 def test_every_tile_of_a_concat_is_a_vector_loop():
@@ -117,6 +136,8 @@ def test_a_concat_is_vectorized_whatever_the_batch(batch):
     (lambda: _concat_exit(24), {"x": (5, 24)}),
     (_three_sources, {"a": (7, 3, 8), "b": (7, 5, 8), "c": (7, 1, 8)}),
     (_concat_read_again, {"a": (3, 16), "b": (3, 16)}),
+    (_rows_stacked, {"a": (3, 20), "b": (5, 20)}),
+    (_unaligned, {"a": (9, 24), "b": (9, 40)}),
 ])
 def test_split_concats_match_onnxruntime(tmp_path, build, shapes):
     m = build()

@@ -411,7 +411,7 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
         if not _try(stats, f"split {name}", lambda: holder.update(parts=sch.split(fused, [None, lanes]))):
             return
         fused = holder["parts"][1]
-        if _selects_by_position(block):
+        if _selects_by_position(block, lanes):
             outer = holder["parts"][0]
             _try(stats, "partition hint", lambda: sch.annotate(outer, "pragma_loop_partition_hint", 1))
     elif extent > lanes:
@@ -420,13 +420,21 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
         stats.vectorized += 1
 
 
-def _selects_by_position(block) -> bool:
-    """Whether the block picks its value by index (a Concat: `if_then_else(j < 32, a[j], b[j - 32])`).
-    TVM's vectorizer scalarizes a vector loop whose if_then_else condition differs between lanes;
-    with LoopPartition's hint on the loop of whole vectors, each part's condition is the same for
-    every lane (the boundary falls between vectors) and the loop stays a vector loop."""
-    return any(isinstance(node, tvm.ir.expr.Call) and node.op.same_as(_IF_THEN_ELSE)
-               for expr in tir_walk.store_value_exprs(block) for node in tir_walk.iter_nodes(expr))
+def _selects_by_position(block, lanes: int) -> bool:
+    """Whether the block picks its value by its last index at whole vectors (a Concat that stays
+    one block, concat_blocks: `if_then_else(32 <= j, b[j - 32], a[j])`). TVM's vectorizer
+    scalarizes a vector loop whose if_then_else condition differs between lanes; with
+    LoopPartition's hint on the loop of whole vectors, each part's condition is the same for
+    every lane and the loop stays a vector loop. Only if every cut falls between vectors: at
+    24 of 48 columns, TVM 0.27 failed to build the partitioned loop (int32 vs int64 in its
+    simplifier), and the group fell back to onnxruntime."""
+    if not block.iter_vars or _static(block.iter_vars[-1].dom.extent) is None:
+        return False
+    last, extent = block.iter_vars[-1].var, _static(block.iter_vars[-1].dom.extent)
+    selects = [node for expr in tir_walk.store_value_exprs(block) for node in tir_walk.iter_nodes(expr)
+               if isinstance(node, tvm.ir.expr.Call) and node.op.same_as(_IF_THEN_ELSE)]
+    cuts = [concat_blocks.position_cut(call.args[0], last, extent) for call in selects]
+    return bool(cuts) and all(cut is not None and cut[0] % lanes == 0 for cut in cuts)
 
 
 _IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
@@ -805,7 +813,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     registers: the target's vector registers, which size the GEMM register tile and every vector
     loop (register_file)."""
     stats = ScheduleStats()
-    func = simplify(concat_blocks.split_by_source(func))
+    func = simplify(concat_blocks.split_by_source(func, lambda dtype: _lanes(dtype, registers)))
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     stats.blocks = len(_blocks(sch))
     stats.row_work = row_work(sch)
