@@ -118,6 +118,9 @@ def test_every_tile_of_a_concat_is_a_vector_loop():
     assert stats.symbolic_rows and stats.tile_rows > 1
     loops = _loops(_lowered(func))
     assert not [lp for lp in loops if lp.loop_var.name.endswith(("_s", ".s"))]
+    # and the ragged tile's shared row loop ends at the batch (tail_loops), no row test left in it
+    assert not [lp for lp in loops if isinstance(lp.body, tvm.tirx.SeqStmt)
+                and any(isinstance(st, tvm.tirx.IfThenElse) for st in lp.body.seq)]
 
 
 @pytest.mark.parametrize("batch", ["N", 8, 300])
