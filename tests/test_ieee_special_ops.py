@@ -104,8 +104,6 @@ def test_nan_derived_gather_index_is_an_error(tmp_path):
             fused.run(None, feeds)
 
 
-@pytest.mark.xfail(strict=True, reason="sigmoid-tail-zero: the exact zero tail is not applied (it slowed a Concat "
-                   "2.5x at batch 64; onnx_semantics.py rule 5)")
 @pytest.mark.parametrize("dtype", [TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16],
                          ids=["float32", "float64", "float16"])
 def test_sigmoid_is_zero_where_onnxruntimes_is(tmp_path, dtype):

@@ -54,6 +54,43 @@ def test_a_loop_testing_its_variable_against_an_end_stops_there():
         assert analyzer.simplify(clamped.extent).value == rows
 
 
+@T.prim_func(private=True)
+def _two_blocks_below(a: T.handle, b: T.handle, n: T.int64, base: T.int64):
+    A = T.match_buffer(a, (256,), "float32")
+    B = T.match_buffer(b, (256,), "float32")
+    for r in range(T.int64(256)):
+        row: T.let[T.int64] = base + r
+        if row < n:
+            A[r] = T.float32(1)
+        if row < n:
+            B[r] = T.float32(2)
+
+
+@T.prim_func(private=True)
+def _two_ends(a: T.handle, n: T.int64, m: T.int64):
+    A = T.match_buffer(a, (256,), "float32")
+    for r in range(T.int64(256)):
+        if r < n:
+            A[r] = T.float32(1)
+        if r < m:
+            A[r] = T.float32(2)
+
+
+def test_blocks_sharing_a_row_loop_end_it_together():
+    """A Concat's parts share their row loop, each with its row test, the row bound once above
+    both (CSE): the loop still ends at the batch (at batch 1 it ran the tile's 128 rows)."""
+    n, base = _two_blocks_below.params[2], _two_blocks_below.params[3]
+    (clamped,) = _loops(clamp_tail_loops(_two_blocks_below))
+    assert not any(isinstance(st, tvm.tirx.IfThenElse) for st in clamped.body.seq)
+    for n_value, base_value, rows in [(1, 0, 1), (300, 256, 44), (5, 256, 0)]:
+        analyzer = tvm.sym.Analyzer()
+        analyzer.bind(n, n_value)
+        analyzer.bind(base, base_value)
+        assert analyzer.simplify(clamped.extent).value == rows
+    (kept,) = _loops(clamp_tail_loops(_two_ends))  # two different ends: left as it is
+    assert kept.extent.value == 256
+
+
 @pytest.mark.parametrize("condition,expected", [
     (lambda r, d: r < d, "d"),
     (lambda r, d: d > r, "d"),

@@ -8,7 +8,7 @@ import tvm
 import tvm_ffi
 from onnx_builder import model, node
 from test_codegen import ort_run
-from test_tail_loops import _loops, _lowered
+from test_tail_loops import _lowered
 
 from onnxfuse.codegen import compile as compile_module
 from onnxfuse.codegen import register_file, relax_import
@@ -68,19 +68,3 @@ def test_vector_kernels_match_onnxruntime(tmp_path, case):
         np.testing.assert_allclose(got, expected, rtol=2e-6, atol=0)
     else:
         np.testing.assert_array_equal(got, expected)
-
-
-def _scalarized_loops(func) -> int:
-    """Loops TVM's vectorizer turned back into scalar loops (it names their variable `<name>.s`)."""
-    return sum(loop.loop_var.name.endswith(("_s", ".s")) for loop in _loops(func))
-
-
-def test_a_concat_stays_a_vector_loop_in_full_tiles():
-    """A Concat picks each column's source with an if_then_else on the column, which TVM's
-    vectorizer scalarizes unless LoopPartition first splits the loop of whole vectors where the
-    sources meet (schedule._selects_by_position). Only the ragged last tile stays scalar."""
-    nodes = [node("Relu", ["x"], "r"), node("Mul", ["r", "two"], "a"), node("Sigmoid", ["x"], "s"),
-             node("Neg", ["s"], "b"), node("Concat", ["a", "b"], "y", axis=1)]  # models/concat_exit.onnx
-    m = model(nodes, {"x": ("N", 32)}, {"y": ("N", 64)}, {"two": np.array(2.0, np.float32)})
-    func, _ = compile_module._schedule_or_plain(relax_import.import_group(m, "k").prim_func, REGISTERS)
-    assert _scalarized_loops(_lowered(func)) <= 1

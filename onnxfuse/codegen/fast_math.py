@@ -100,9 +100,20 @@ def _fast_exp(x: te.Tensor, subnormal: bool = True, nonpositive: bool = False) -
                       name="fast_exp")
 
 
+# onnxruntime's float32 sigmoid clamps its input at -18 and is exactly 0 from there down; 1 / (1 +
+# exp(-x)) is about exp(x) there, and Sigmoid * inf was inf where onnxruntime gives NaN (onnx_semantics, rule 5).
+SIGMOID_ZERO_FROM = -18.0
+
+
 def _fast_sigmoid(x: te.Tensor) -> te.Tensor:
-    one = tvm.tirx.const(1.0, x.dtype)
-    return te.compute(x.shape, lambda *i: one / (one + fast_exp_value(-x(*i))), name="fast_sigmoid")
+    """1 / (1 + exp(-x)), exactly 0 at and below SIGMOID_ZERO_FROM (NaN stays NaN: the compare is false)."""
+    one, zero = tvm.tirx.const(1.0, x.dtype), tvm.tirx.const(0.0, x.dtype)
+    edge = tvm.tirx.const(SIGMOID_ZERO_FROM, x.dtype)
+
+    def value(*i):
+        return tvm.tirx.Select(x(*i) <= edge, zero, one / (one + fast_exp_value(-x(*i))))
+
+    return te.compute(x.shape, value, name="fast_sigmoid")
 
 
 def _keeping_nan(x: te.Tensor, approximation: te.Tensor) -> te.Tensor:

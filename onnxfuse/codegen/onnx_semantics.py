@@ -31,15 +31,19 @@ translates faithfully.
 4. Sign of a float16 NaN: onnxruntime's float16 Sign gives 0 (it tests x > 0 and x < 0), its
    float32 and float64 Sign give NaN, as TVM's does for every type. A float16 Sign is written
    `Where(IsNaN(x), 0, Sign(x))` (fuzzer, November 26: `Sign(1 / HardSigmoid(x))`, x NaN).
-5. (Not rewritten, an open difference.) Sigmoid far below 0: onnxruntime's float32 Sigmoid (MLAS)
-   returns exactly 0 at and below -18, its float64 Sigmoid from x = -36.7368... down; ours is about
-   exp(x) there, so a product with inf is inf where onnxruntime gives NaN (fuzzer, November 26).
-   Written `Sigmoid(x) * Cast(x > bound)` (or with a Where, or a Clip of (x - bound) * 2^k), it
-   matched, but the extra ops kept LLVM from vectorizing the scalar loop TVM leaves for a Concat
-   (its if_then_else differs between lanes) in a small batch's ragged tile: concat_exit at batch
-   64 ran 10.5 us against onnxruntime's 5.6 (4.2 without), at 1,000 112 us against 30. Until a
-   Concat vectorizes in every tile, the exact tail costs more than it is worth (known_bugs.py:
-   sigmoid-tail-zero, an xfail regression).
+5. Sigmoid far below 0: onnxruntime's float32 Sigmoid (MLAS) clamps its input at -18 and gives
+   exactly 0 there and below; its float64 Sigmoid (0.5 + 0.5 tanh(x / 2)) gives exactly 0 from
+   x = -0x1.25e4f7b2737fbp+5 (-36.7368...) down (measured with onnxruntime 1.32: every input at
+   or below those edges, none above). Computed as 1 / (1 + exp(-x)), ours was about exp(x) there
+   (8.6e-35 at -78.5), so Sigmoid -> Cast -> MatMul with an inf weight gave inf where onnxruntime
+   gives NaN (fuzzer, November 26). float32 (and float16, which onnxruntime and we compute in
+   float32) is handled by the fast sigmoid itself, `x <= -18 ? 0 : 1 / (1 + exp(-x))`: one compare
+   and one blend per vector (fast_math.py). A float64 Sigmoid is rewritten here as
+   `Sigmoid(x) * Cast(x > edge)` (NaN stays NaN; a Where would need a 0 constant, one more kernel
+   argument). Between -18 and -15.8 onnxruntime's float32 result moves in steps of 2^-25 and is 0
+   at scattered inputs; ours is within 1.8e-7 of it there, not 0 (docs/numerics.md). This tail
+   was once taken back because a Concat's ragged row tile only vectorized while its sources were
+   short (concat_exit 3.7x slower); a Concat is now one block per source (concat_blocks.py).
 6. float64 Tanh near 0: TVM lowers it as (1 - exp(-2|x|)) / (1 + exp(-2|x|)) with the sign of x,
    whose subtraction cancels: about eps / (2|x|) relative error, 7,000 ulps at x = 1.5e-5 (fuzzer,
    November 26: Reciprocal(Tanh(MatMul)) -66161.65964974 where onnxruntime, std::tanh, gives
@@ -189,6 +193,19 @@ def _rewrite_float16_sign(node, elem_types, prefix: str):
     return b
 
 
+SIGMOID_FLOAT64_ZERO_FROM = float.fromhex("-0x1.25e4f7b2737fbp+5")  # onnxruntime's float64 Sigmoid is 0 from here down
+
+
+def _rewrite_float64_sigmoid(node, elem_types, prefix: str):
+    if elem_types.get(node.input[0]) != TensorProto.DOUBLE:
+        return None
+    b = _Builder(prefix, np.float64)
+    x = node.input[0]
+    above = b.op("Cast", b.op("Greater", x, b.constant(SIGMOID_FLOAT64_ZERO_FROM)), to=TensorProto.DOUBLE)
+    b.op("Mul", b.op("Sigmoid", x), above, output=node.output[0])
+    return b
+
+
 # tanh x = x (1 + sum c_k x^2k): the Taylor coefficients 2^2k (2^2k - 1) B_2k / (2k)!, k = 1..9
 _TANH_SERIES = (-1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925, 21844 / 6081075, -929569 / 638512875,
                 6404582 / 10854718875, -443861162 / 1856156927625)
@@ -254,10 +271,10 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` (a group) with Clip, float→int Cast, Softplus, float16 Sign, float64 Tanh and
-    scaled Gemm and float Where nodes rewritten as above; the same object when there is nothing to
-    rewrite."""
-    rewritten_ops = ("Clip", "Cast", "Softplus", "Sign", "Tanh", "Gemm", "Where")
+    """`model` (a group) with Clip, float→int Cast, Softplus, float16 Sign, float64 Sigmoid,
+    float64 Tanh, scaled Gemm and float Where nodes rewritten as above; the same object when there
+    is nothing to rewrite."""
+    rewritten_ops = ("Clip", "Cast", "Softplus", "Sign", "Sigmoid", "Tanh", "Gemm", "Where")
     if not any(n.op_type in rewritten_ops and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
@@ -275,6 +292,8 @@ def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
             rewrite = _rewrite_softplus(node, elem_types, prefix)
         elif node.domain in ("", "ai.onnx") and node.op_type == "Sign":
             rewrite = _rewrite_float16_sign(node, elem_types, prefix)
+        elif node.domain in ("", "ai.onnx") and node.op_type == "Sigmoid":
+            rewrite = _rewrite_float64_sigmoid(node, elem_types, prefix)
         elif node.domain in ("", "ai.onnx") and node.op_type == "Tanh":
             rewrite = _rewrite_float64_tanh(node, elem_types, prefix)
         elif node.domain in ("", "ai.onnx") and node.op_type == "Gemm":

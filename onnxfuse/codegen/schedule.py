@@ -39,7 +39,7 @@ import tvm_ffi
 from tvm import s_tir
 
 from ..errors import short_reason
-from . import gemm_shapes, ieee_order, tir_walk, tree_schedule
+from . import concat_blocks, gemm_shapes, ieee_order, tir_walk, tree_schedule
 from .register_file import AVX512, RegisterFile
 
 TILE_ELEMENTS = 8192  # elements of the widest intermediate row block kept per tile
@@ -250,15 +250,23 @@ def separate_read_outputs(sch, stats: ScheduleStats) -> None:
     gets a cache_write: computed into an intermediate, then copied out. TVM refuses compute_at
     on an output block, so without this none of its producers could move under the row tile."""
     for block_rv in list(sch.get_output_blocks(sch.get_sblock("root"))):
-        consumers = list(sch.get_consumers(block_rv))
+        consumers = _readers(sch, block_rv)
         if consumers:
             name = sch.get(block_rv).name_hint
             _try(stats, f"separate output {name}", lambda: sch.cache_write(block_rv, 0, "global", consumer_blocks=consumers))
 
 
+def _readers(sch, block_rv) -> list:
+    """The consumers that read what the block writes. TVM also counts a later block writing
+    other elements of the same buffer (the parts of a Concat, concat_blocks) as a consumer."""
+    written = [region.source for region in sch.get(block_rv).writes]
+    return [c for c in sch.get_consumers(block_rv)
+            if any(r.source.same_as(w) for r in sch.get(c).reads for w in written)]
+
+
 def _sink_outputs(sch):
     outputs = list(sch.get_output_blocks(sch.get_sblock("root")))
-    return [b for b in outputs if not list(sch.get_consumers(b))] or outputs
+    return [b for b in outputs if not _readers(sch, b)] or outputs
 
 
 def tile_rows(sch, stats: ScheduleStats, row_elements: int, small_batch: bool = False):
@@ -275,13 +283,13 @@ def tile_rows(sch, stats: ScheduleStats, row_elements: int, small_batch: bool = 
     stats.tile_rows = rows
     stats.symbolic_rows = batch is None
     anchors, tile_loops = [], []
-    for block_rv in outputs:
-        loops = sch.get_loops(block_rv)
+    for group in _by_first_loop(sch, outputs):
+        loops = sch.get_loops(group[0])
         if not loops or not _same_extent(sch.get(loops[0]).extent, extent):
             continue
         parts = _split(sch, stats, loops[0], [None, rows], "split row tile")
         if parts is not None:
-            anchors.append(sch.get(block_rv).name_hint)
+            anchors.extend(sch.get(b).name_hint for b in group)
             tile_loops.append(parts[0])
     if not tile_loops:
         return None
@@ -292,6 +300,20 @@ def tile_rows(sch, stats: ScheduleStats, row_elements: int, small_batch: bool = 
         else:
             anchors = anchors[:1]
     return anchors, tile_loops[0], batch
+
+
+def _by_first_loop(sch, blocks) -> list[list]:
+    """`blocks` grouped by their outermost loop: the parts of a Concat (concat_blocks) share it."""
+    groups: list[list] = []
+    for block_rv in blocks:
+        loops = sch.get_loops(block_rv)
+        first = sch.get(loops[0]) if loops else None
+        group = next((g for g in groups if first is not None and sch.get(sch.get_loops(g[0])[0]).same_as(first)), None)
+        if group is None:
+            groups.append([block_rv])
+        else:
+            group.append(block_rv)
+    return groups
 
 
 def _batch_loop_first(sch, stats: ScheduleStats, block_rv) -> None:
@@ -362,8 +384,9 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
     loops = _own_loops(sch, block_rv)
     trailing = []
     for loop in reversed(loops):
-        if _static(sch.get(loop).extent) is None:
-            break
+        node = sch.get(loop)
+        if _static(node.extent) is None or isinstance(node.body, tvm.tirx.SeqStmt):
+            break  # a loop shared with other blocks (a Concat's row loop, concat_blocks) cannot be fused
         trailing.insert(0, loop)
     if not trailing:
         return
@@ -388,7 +411,7 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
         if not _try(stats, f"split {name}", lambda: holder.update(parts=sch.split(fused, [None, lanes]))):
             return
         fused = holder["parts"][1]
-        if _selects_by_position(block):
+        if _selects_by_position(block, lanes):
             outer = holder["parts"][0]
             _try(stats, "partition hint", lambda: sch.annotate(outer, "pragma_loop_partition_hint", 1))
     elif extent > lanes:
@@ -397,13 +420,21 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
         stats.vectorized += 1
 
 
-def _selects_by_position(block) -> bool:
-    """Whether the block picks its value by index (a Concat: `if_then_else(j < 32, a[j], b[j - 32])`).
-    TVM's vectorizer scalarizes a vector loop whose if_then_else condition differs between lanes;
-    with LoopPartition's hint on the loop of whole vectors, each part's condition is the same for
-    every lane (the boundary falls between vectors) and the loop stays a vector loop."""
-    return any(isinstance(node, tvm.ir.expr.Call) and node.op.same_as(_IF_THEN_ELSE)
-               for expr in tir_walk.store_value_exprs(block) for node in tir_walk.iter_nodes(expr))
+def _selects_by_position(block, lanes: int) -> bool:
+    """Whether the block picks its value by its last index at whole vectors (a Concat that stays
+    one block, concat_blocks: `if_then_else(32 <= j, b[j - 32], a[j])`). TVM's vectorizer
+    scalarizes a vector loop whose if_then_else condition differs between lanes; with
+    LoopPartition's hint on the loop of whole vectors, each part's condition is the same for
+    every lane and the loop stays a vector loop. Only if every cut falls between vectors: at
+    24 of 48 columns, TVM 0.27 failed to build the partitioned loop (int32 vs int64 in its
+    simplifier), and the group fell back to onnxruntime."""
+    if not block.iter_vars or _static(block.iter_vars[-1].dom.extent) is None:
+        return False
+    last, extent = block.iter_vars[-1].var, _static(block.iter_vars[-1].dom.extent)
+    selects = [node for expr in tir_walk.store_value_exprs(block) for node in tir_walk.iter_nodes(expr)
+               if isinstance(node, tvm.ir.expr.Call) and node.op.same_as(_IF_THEN_ELSE)]
+    cuts = [concat_blocks.position_cut(call.args[0], last, extent) for call in selects]
+    return bool(cuts) and all(cut is not None and cut[0] % lanes == 0 for cut in cuts)
 
 
 _IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
@@ -782,7 +813,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     registers: the target's vector registers, which size the GEMM register tile and every vector
     loop (register_file)."""
     stats = ScheduleStats()
-    func = simplify(func)
+    func = simplify(concat_blocks.split_by_source(func, lambda dtype: _lanes(dtype, registers)))
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     stats.blocks = len(_blocks(sch))
     stats.row_work = row_work(sch)

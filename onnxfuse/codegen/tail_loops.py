@@ -7,9 +7,10 @@ test in their body: at batch 1 a 256-row tile of 32 floats ran 256 rows of tests
 (the diamond model spent more time there than computing its one row).
 
 After lowering, such a loop reads `for r in range(K): if r < d: body` (d invariant in r, the
-test hoisted out of the inner loops by HoistIfThenElse). The rows r >= d do nothing, and the
-test is monotone in r, so `for r in range(min(K, max(d, 0))): body` is the same program. This
-pass makes that rewrite; compile.build_module runs it after TVM's default TIR pipeline (the
+test hoisted out of the inner loops by HoistIfThenElse), or, for several blocks under one row
+loop (a Concat's parts), lets and then one such `if` per block, all with the same d. The rows
+r >= d do nothing, and the test is monotone in r, so `for r in range(min(K, max(d, 0))): body`
+is the same program. This pass makes that rewrite; compile.build_module runs it after TVM's default TIR pipeline (the
 pipeline named PIPELINE, registered here).
 """
 
@@ -38,25 +39,56 @@ def bound_below(condition, var):
     return coefficients[1]  # margin = d - var > 0  <=>  var < d
 
 
+def _substituted(expr, values: dict):
+    return tvm_ffi.structural_map(expr, [(tirx.Var, lambda v: values.get(v, v))], order="post")
+
+
+def _tested_body(body, var):
+    """(d, the body without its test) if `body` runs only where `var < d`: one `if` without else,
+    or lets followed by such ifs that all test the same end (the parts of a Concat share their row
+    loop, each keeps its own row test, and CSE binds the row once above both)."""
+    if isinstance(body, tirx.IfThenElse):
+        if body.else_case is not None:
+            return None
+        end = bound_below(body.condition, var)
+        return None if end is None else (end, body.then_case)
+    if not isinstance(body, tirx.SeqStmt):
+        return None
+    stmts = list(body.seq)
+    binds = []
+    while stmts and isinstance(stmts[0], tirx.Bind):
+        binds.append(stmts.pop(0))
+    if not stmts or not all(isinstance(st, tirx.IfThenElse) and st.else_case is None for st in stmts):
+        return None
+    values = {}
+    for bind in binds:  # each value may read the lets before it
+        values[bind.var] = _substituted(bind.value, values)
+    ends = [bound_below(_substituted(st.condition, values), var) for st in stmts]
+    if any(end is None for end in ends) or not all(tvm_ffi.structural_equal(end, ends[0]) for end in ends[1:]):
+        return None
+    return ends[0], tirx.SeqStmt([*binds, *(st.then_case for st in stmts)])
+
+
 def _clamped(loop):
-    body = loop.body
-    if loop.kind != tirx.ForKind.SERIAL or not isinstance(body, tirx.IfThenElse) or body.else_case is not None:
+    if loop.kind != tirx.ForKind.SERIAL:
         return loop
     if not isinstance(loop.min, tirx.IntImm) or loop.min.value != 0 or not isinstance(loop.extent, tirx.IntImm):
         return loop
-    end = bound_below(body.condition, loop.loop_var)
-    if end is None:
+    tested = _tested_body(loop.body, loop.loop_var)
+    if tested is None:
         return loop
+    end, body = tested
     dtype = str(loop.extent.ty.dtype)
     if str(end.ty.dtype) != dtype:
         end = tirx.Cast(dtype, end)
     extent = tirx.Min(loop.extent, tirx.Max(end, tirx.const(0, dtype)))
-    return tirx.For(loop.loop_var, loop.min, extent, loop.kind, body.then_case, loop.thread_binding,
+    return tirx.For(loop.loop_var, loop.min, extent, loop.kind, body, loop.thread_binding,
                     loop.annotations, loop.step, loop.span)
 
 
 def clamp_tail_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """`func` with every static serial loop whose whole body is `if var < d` ending at d."""
+    """`func` with every static serial loop whose whole body is `if var < d` (or lets, then such
+    ifs with one d) ending at d."""
     return tvm_ffi.structural_map(func, [(tirx.For, _clamped)], order="post")
 
 
