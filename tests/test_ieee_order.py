@@ -11,8 +11,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 import tvm
-from tvm import tirx
 from onnx_builder import model, node
+from tvm import tirx
 
 from onnxfuse import optimize
 from onnxfuse.codegen import ieee_order, relax_import, schedule
