@@ -18,8 +18,8 @@ the same instruction, and LLVM has nothing to rewrite through. For an Abs writte
 even recognised `llvm.abs` with INT_MIN allowed. Unsigned operands widen to the signed type for add
 and sub (a difference of unsigned values may be negative) and to the unsigned one for mul.
 
-Arithmetic inside a load's indices (gather indices, the importer's `i < 0 ? i + n : i`) and on loop
-variables alone (no loads) is index arithmetic and left as TVM emits it: an index that overflows
+Arithmetic inside a load's or store's indices (gather indices, the importer's `i < 0 ? i + n : i`)
+and on loop variables alone (no loads) is index arithmetic and left as TVM emits it: an index that overflows
 is read with the same expression it is checked with (bounds.py), so the kernel never reads outside
 its table. Narrower integers get no flag from TVM and need nothing.
 """
@@ -56,21 +56,21 @@ def wrapping(node):
 
 
 def _index_nodes(func) -> set[int]:
-    """Handles of every node inside a load's indices (index arithmetic, left as it is)."""
+    """Handles of every node inside a load's or a store's indices (index arithmetic, left as it is)."""
     handles: set[int] = set()
 
-    def collect(load):
-        for index in load.indices:
+    def collect(access):
+        for index in access.indices:
             handles.update(node.__chandle__() for node in tir_walk.iter_nodes(index))
-        return load
+        return access
 
-    tvm_ffi.structural_map(func.body, [(tvm.ir.TensorLoad, collect)], order="post")
+    tvm_ffi.structural_map(func.body, [((tvm.ir.TensorLoad, tirx.BufferStore), collect)], order="post")
     return handles
 
 
 def wrap_data_arithmetic(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """`func` with every 32/64-bit integer add, sub and mul of data (an operand reads a buffer;
-    not inside a load's indices) computed so it wraps in two's complement, as onnxruntime's."""
+    not inside indices) computed so it wraps in two's complement, as onnxruntime's."""
     in_indices = _index_nodes(func)
 
     def wrap(node):
