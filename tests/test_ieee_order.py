@@ -10,10 +10,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import tvm
 from onnx_builder import model, node
+from tvm import tirx
 
 from onnxfuse import optimize
-from onnxfuse.codegen import relax_import, schedule
+from onnxfuse.codegen import ieee_order, relax_import, schedule
 from onnxfuse.session import InferenceSession
 
 F32 = np.float32
@@ -98,3 +100,30 @@ def test_integer_index_arithmetic_is_still_simplified():
     assert "x[v_i1 // T.int64(32) + v_i0," in before
     assert "x[v_i0, v_i1 // T.int64(8), v_i1 % T.int64(8)]" in after
     assert "T_reshape_intermediate[v_ax0, v_ax1] - T_reshape_intermediate[v_ax0, v_ax1]" in after
+
+
+@pytest.mark.parametrize("width", [4, 64], ids=["narrow", "lanes"])
+@pytest.mark.parametrize("type_name", ["int32", "int64"])
+def test_integer_min_of_a_difference_with_itself(tmp_path, type_name, width):
+    """Min(Sub(x, x), y): the min's operand is fenced, and the simplifier folds x - x to 0 inside
+    the fence; TVM's code generator rejected reinterpret(uint, 0) and the group fell back to
+    onnxruntime (fuzzer). fused_session asserts the group compiled."""
+    dtype = np.dtype(type_name)
+    info = np.iinfo(dtype)
+    onnx_type = onnx.helper.np_dtype_to_tensor_dtype(dtype)
+    m = model([node("Sub", ["x", "x"], "d"), node("Min", ["d", "y"], "m")], {"x": ("N", width), "y": ("N", width)},
+              {"m": ("N", width)}, dtype=onnx_type, opset=17)
+    row = np.tile(np.array([info.min, -1, 0, info.max], dtype), width // 4)
+    check_fused_matches_onnxruntime(m, {"x": np.stack([row, row[::-1]]), "y": np.stack([row[::-1], row])}, tmp_path)
+
+
+def test_a_reinterpreted_zero_is_the_zero_of_its_type():
+    """fold_zero_reinterprets: scalar and vector zeros of another type; other reinterprets stay."""
+    x = tirx.Var("x", "int64")
+    folded = [ieee_order.fold_zero_reinterprets(tirx.PrimFunc([x], tirx.Evaluate(e))).body.value for e in (
+        tirx.reinterpret("uint64", tirx.const(0, "int64")),
+        tirx.reinterpret("int32x4", tirx.reinterpret("uint32x4", tirx.Broadcast(tirx.const(0, "int32"), 4))),
+        tirx.reinterpret("float64", tirx.const(0, "int64")),
+        tirx.reinterpret("uint64", x), tirx.reinterpret("uint64", tirx.const(3, "int64")))]
+    assert [str(e) for e in folded[:3]] == ["T.uint64(0)", "T.Broadcast(0, 4)", "T.float64(0.0)"]
+    assert all(isinstance(e, tvm.ir.Call) for e in folded[3:])

@@ -24,6 +24,13 @@ simplifier.
 fence() runs before every simplification; unfence() takes our fences off again where our own
 schedule needs to read the expressions (GEMM detection, expression sizes). fast_math's own
 round trip goes through a signed integer and is left alone.
+
+Inside an integer fence the simplifier still applies ring identities (they hold for wrapping
+integers), and one can leave a constant: int64 `Min(Sub(x, x), y)` fences `x - x`, which
+becomes 0, and TVM's LLVM code generator rejects `reinterpret(uint64, 0)` ("A zero reinterpret
+shortcut requires pointer result type": it takes a reinterpret of 0 for a null pointer), so the
+group fell back (fuzzer). fold_zero_reinterprets, run after TVM's lowering
+(tail_loops.PIPELINE), writes such a reinterpret as the zero of its type: the same bits.
 """
 
 from __future__ import annotations
@@ -97,6 +104,37 @@ def fence(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
 def unfence(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """`func` without the fences fence() put in (the expressions as they were)."""
     return tvm_ffi.structural_map(func, [(tvm.ir.Call, _unfenced)], order="post")
+
+
+def _zero_of(value, dtype):
+    """The zero of `dtype` if `value` is an integer zero (scalar or broadcast), else None."""
+    lanes = tvm.runtime.DataType(dtype).lanes
+    scalar = value.value if isinstance(value, tirx.Broadcast) else value
+    if not (isinstance(scalar, tirx.IntImm) and scalar.value == 0):
+        return None
+    element = str(tvm.runtime.DataType(dtype).with_lanes(1))
+    zero = tirx.const(0, element)
+    return tirx.Broadcast(zero, lanes) if lanes > 1 else zero
+
+
+def _folded(call):
+    dtype = getattr(call.ty, "dtype", None)  # None: a pointer (the shortcut's own case)
+    if not call.op.same_as(_REINTERPRET) or dtype is None or tvm.runtime.DataType(str(dtype)).type_code == \
+            tvm.runtime.DataTypeCode.HANDLE:
+        return call
+    zero = _zero_of(call.args[0], str(dtype))
+    return call if zero is None else zero
+
+
+def fold_zero_reinterprets(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """`func` with every reinterpret of an integer zero to a non-pointer type written as that
+    type's zero (all bits zero either way)."""
+    return tvm_ffi.structural_map(func, [(tvm.ir.Call, _folded)], order="post")
+
+
+@tirx.transform.prim_func_pass(opt_level=0, name="onnxfuse.FoldZeroReinterprets")
+def FoldZeroReinterprets(func, _mod, _ctx):  # noqa: N802 - named as TVM names passes
+    return fold_zero_reinterprets(func)
 
 
 def simplify_indices(mod: tvm.IRModule, simplify_pass) -> tvm.IRModule:

@@ -12,10 +12,10 @@
   every group with one fell back. We write them with exp, accurate near 0 and up to overflow.
 
 - `abs`: on signed integers TVM's `x >= 0 ? x : -x` became a branch (its select reads memory),
-  and under `x < 0` LLVM took `-x` (a no-signed-wrap sub) as positive, also through
-  wrapping_integers.py's fence, which keeps the sign bit visible: int64 `Abs(x) < -3` was
+  and under `x < 0` LLVM took `-x` (a no-signed-wrap sub) as positive: int64 `Abs(x) < -3` was
   false for INT64_MIN, whose Abs wraps to itself in onnxruntime. `max(x, -x)` is the same value
-  (INT_MIN included) with no branch, and the max fences its `-x` (wrapping_integers).
+  (INT_MIN included) with no branch. Since wrapping_integers.py computes `-x` so that it wraps,
+  the select would be right too; the max stays, branch-free.
 - `multiply`: its float product is fenced from FMA contraction (rounded_products).
 
 The Relax rewrites that run before lowering are passes of their own: unfold_stack_reductions,

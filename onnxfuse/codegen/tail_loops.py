@@ -10,8 +10,9 @@ After lowering, such a loop reads `for r in range(K): if r < d: body` (d invaria
 test hoisted out of the inner loops by HoistIfThenElse), or, for several blocks under one row
 loop (a Concat's parts), lets and then one such `if` per block, all with the same d. The rows
 r >= d do nothing, and the test is monotone in r, so `for r in range(min(K, max(d, 0))): body`
-is the same program. This pass makes that rewrite; compile.build_module runs it after TVM's default TIR pipeline (the
-pipeline named PIPELINE, registered here).
+is the same program. This pass makes that rewrite; compile.build_module runs it after TVM's
+default TIR pipeline (the pipeline named PIPELINE, registered here, which also runs
+ieee_order.FoldZeroReinterprets).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import tvm.sym
 import tvm_ffi
 from tvm import tirx
 from tvm.tirx import compilation_pipeline
+
+from .ieee_order import FoldZeroReinterprets
 
 PIPELINE = "onnxfuse"
 
@@ -99,7 +102,8 @@ def ClampTailLoops(func, _mod, _ctx):  # noqa: N802 - named as TVM names passes
 
 def _pipeline_factory():
     lower, finalize_host, finalize_device = compilation_pipeline.get_tir_pipeline("s_tir")
-    return tvm.transform.Sequential([lower, ClampTailLoops]), finalize_host, finalize_device
+    # FoldZeroReinterprets: after the last simplifier, which may fold a fenced integer to 0 (ieee_order)
+    return tvm.transform.Sequential([lower, FoldZeroReinterprets, ClampTailLoops]), finalize_host, finalize_device
 
 
 compilation_pipeline.register_tir_pipeline(PIPELINE, _pipeline_factory)
