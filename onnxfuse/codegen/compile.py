@@ -39,6 +39,7 @@ from . import (
     register_file,
     relax_import,
     schedule,
+    spill_guard,
     tail_loops,
     vector_intrinsics,  # noqa: F401 - imported for its effect: isnan and nearbyint vectorize
     whole_index_checks,
@@ -139,19 +140,25 @@ def build_module(funcs: dict, tvm_target):
 
 def build_object(level_funcs: list, name: str, target: Target, out_dir: pathlib.Path,
                  llvm_options: tuple[str, ...] = (), parallel: int = 0,
-                 meanwhile: Callable[[], None] | None = None) -> pathlib.Path:
+                 meanwhile: Callable[[], None] | None = None, register_tiled: bool = False) -> pathlib.Path:
     """`out_dir/<name>.o` from (level, functions) pairs, one per ISA level of `target`, best level
     first; the functions may be a callable that schedules them. One level is built straight into
     the object; several are built apart and joined (level_objects.py). The best level is built
     in this process, then `meanwhile` runs; the other levels are scheduled and built meanwhile in
-    up to `parallel` forked children (forked_builds.py), or here afterwards (parallel=0)."""
+    up to `parallel` forked children (forked_builds.py), or here afterwards (parallel=0).
+    A kernel with a register-tiled GEMM (`register_tiled`) keeps the build that spills fewer
+    vector registers (spill_guard.py)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.o"
     parts = [path] if len(level_funcs) == 1 else [out_dir / f"{name}.{level.suffix}.o" for level, _ in level_funcs]
 
     def build(level, funcs, part: pathlib.Path) -> None:
         funcs = funcs() if callable(funcs) else funcs
-        build_module(funcs, target.tvm_target(level, llvm_options)).mod.write_to_file(str(part))
+        def with_options(options):
+            return build_module(funcs, target.tvm_target(level, options))
+        built = (spill_guard.fewer_spills(with_options, llvm_options, target.arch) if register_tiled
+                 else with_options(llvm_options))
+        built.mod.write_to_file(str(part))
 
     def in_parent() -> None:
         build(*level_funcs[0], parts[0])
@@ -259,7 +266,8 @@ def compile_group(
                              host_functions(best_funcs, best_name, name))
     jobs = [(levels[0], best_funcs)] + [(level, functools.partial(level_funcs, level)) for level in levels[1:]]
     _stage("build", stats, lambda: build_object(jobs, name, target, pathlib.Path(out_dir), options, parallel_levels,
-                                                compiled.build_host_kernel if host_kernel else None))
+                                                compiled.build_host_kernel if host_kernel else None,
+                                                register_tiled=sched_stats.register_tiles > 0))
     stats.update(sched_stats.as_dict())
     stats["llvm_options"] = " ".join(options)
     stats["max_duplication"] = max_duplication

@@ -62,6 +62,7 @@ class ScheduleStats:
     reductions_scheduled: int = 0
     reductions_factored: int = 0  # row reductions split in vector lanes (factor_row_reductions)
     gemm_columns_padded: int = 0  # GEMMs computed over N padded to whole vectors (pad_gemm_columns)
+    register_tiles: int = 0  # GEMMs given a register-blocked micro-kernel (schedule_matmul)
     parallel: bool = False
     tile_rows: int = 0
     symbolic_rows: bool = False  # the row-tile loop runs over a symbolic (batch) extent
@@ -625,6 +626,7 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile
                 lambda: sch.reverse_compute_at(writeback, col_parts[0], preserve_unit_loops=True)):
             vectorize_elementwise(sch, stats, writeback, registers)
     stats.reductions_scheduled += 1
+    stats.register_tiles += 1
     if _try(stats, f"vectorize {name}", lambda: sch.vectorize(col_parts[2])):
         stats.vectorized += 1
     _try(stats, f"unroll {name}", lambda: sch.unroll(col_parts[1]))
