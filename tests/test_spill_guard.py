@@ -1,0 +1,64 @@
+"""A kernel with a register-tiled GEMM keeps the build that spills fewer vector registers
+(codegen/spill_guard.py): the seed-shaped LSTM gate's x86-64-v4 build stored its GEMM
+accumulators to the stack around every FMA while MachineLICM held the gate math's constants."""
+
+from __future__ import annotations
+
+import pytest
+from test_codegen import compile_and_check, lstm_gate_model
+from test_ieee_rounding import _assembly
+
+from onnxfuse.codegen import spill_guard
+from onnxfuse.target import resolve_target
+
+X86_V4 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64-v4"}
+
+ASSEMBLY = """
+\tvmovups\t%zmm1, 32(%rsp)
+\tvmovaps\t%ymm3, -64(%rsp)
+\tvmovups\t%zmm1, (%rsp)
+\tvmovups\t64(%rsp), %zmm1
+\tvmovups\t%zmm1, 64(%rdi)
+\tvfmadd231ps\t%zmm0, %zmm31, %zmm1
+"""
+
+
+def test_vector_spills_counts_stores_into_the_stack_frame():
+    assert spill_guard.vector_spills(ASSEMBLY, "x86_64") == 3  # not the load back, not the store to memory
+    assert spill_guard.vector_spills(ASSEMBLY, "aarch64") == 0
+
+
+class _Built:
+    def __init__(self, assembly):
+        self.mod = self
+        self.assembly = assembly
+
+    def inspect_source(self, kind):
+        assert kind == "asm"
+        return self.assembly
+
+
+@pytest.mark.parametrize(("first", "second", "kept"), [(0, 0, "first"), (8, 4, "second"), (8, 5, "first")])
+def test_the_second_build_is_kept_only_at_half_the_spills(first, second, kept):
+    spill = "\tvmovups\t%zmm1, 32(%rsp)\n"
+    calls = []
+
+    def build(options):
+        calls.append(options)
+        return _Built(spill * (first if not calls[1:] else second))
+
+    built = spill_guard.fewer_spills(build, ("-x",), "x86_64")
+    assert built.assembly.count("rsp") == (first if kept == "first" else second)
+    assert calls == ([("-x",)] if first == 0 else [("-x",), ("-x",) + spill_guard.RETRY_OPTIONS["x86_64"]])
+
+
+def test_the_gate_built_without_machine_licm_spills_less():
+    """The fact the guard acts on: the v4 level of the [N, 64] @ [64, 192] gate."""
+    model = lstm_gate_model(hidden=64, k=64)
+    plain = spill_guard.vector_spills(_assembly(model, X86_V4), "x86_64")
+    retried = spill_guard.vector_spills(_assembly(model, {**X86_V4, "cl-opt": ["-disable-machine-licm"]}), "x86_64")
+    assert 2 * retried <= plain, (plain, retried)
+
+
+def test_gate_kernel_kept_by_the_guard_matches_onnxruntime(tmp_path):
+    compile_and_check(lstm_gate_model(hidden=64, k=64), tmp_path, resolve_target("x86_64"), batches=(1, 7, 64, 300))
