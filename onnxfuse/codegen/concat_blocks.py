@@ -28,7 +28,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.tirx.buffer import is_buffer_var
 
-_IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
+IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 
 
 def position_cut(condition, var, extent: int):
@@ -62,7 +62,7 @@ def _cut(loops, realize):
     if block.init is not None or not isinstance(store, tirx.BufferStore) or len(block.writes) != 1:
         return None
     value = store.value
-    if not (isinstance(value, tvm.ir.Call) and value.op.same_as(_IF_THEN_ELSE)):
+    if not (isinstance(value, tvm.ir.Call) and value.op.same_as(IF_THEN_ELSE)):
         return None
     loop_of = {lp.loop_var: lp for lp in loops}
     for axis, (iv, bound) in enumerate(zip(block.iter_vars, realize.iter_values)):

@@ -69,6 +69,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 _FLOATS = {TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64}
+_FLOATS_AND_HALF = {**_FLOATS, TensorProto.FLOAT16: np.float16}
 _NARROW_FLOATS = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 _INTEGER_BITS = {
     TensorProto.INT64: (64, True), TensorProto.INT32: (32, True), TensorProto.INT16: (16, True),
@@ -146,7 +147,7 @@ def _rewrite_cast(node, elem_types, prefix: str):
 
 
 def _rewrite_clip(node, elem_types, prefix: str, opset: int):
-    float_type = {**_FLOATS, TensorProto.FLOAT16: np.float16}.get(elem_types.get(node.input[0]))
+    float_type = _FLOATS_AND_HALF.get(elem_types.get(node.input[0]))
     if float_type is None:
         return None  # integers: their limits clamp nothing; bfloat16: rare, left as it was
     lowest, largest = np.finfo(float_type).min, np.finfo(float_type).max
@@ -245,7 +246,7 @@ def _rewrite_gemm_alpha(node, elem_types, prefix: str, opset: int):
 
 
 def _rewrite_where(node, elem_types, prefix: str, constants: dict):
-    float_type = {**_FLOATS, TensorProto.FLOAT16: np.float16}.get(elem_types.get(node.input[1]))
+    float_type = _FLOATS_AND_HALF.get(elem_types.get(node.input[1]))
     if float_type is None:
         return None
     chosen = constants.get(node.input[1])
@@ -279,7 +280,8 @@ def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     elem_types = _elem_types(model)
-    constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name in _where_branches(model)}
+    where_branches = _where_branches(model)
+    constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name in where_branches}
     nodes, initializers, changed = [], [], False
     for index, node in enumerate(model.graph.node):
         prefix = f"onnxfuse_ort{index}"

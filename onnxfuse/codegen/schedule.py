@@ -433,12 +433,9 @@ def _selects_by_position(block, lanes: int) -> bool:
         return False
     last, extent = block.iter_vars[-1].var, _static(block.iter_vars[-1].dom.extent)
     selects = [node for expr in tir_walk.store_value_exprs(block) for node in tir_walk.iter_nodes(expr)
-               if isinstance(node, tvm.ir.expr.Call) and node.op.same_as(_IF_THEN_ELSE)]
+               if isinstance(node, tvm.ir.expr.Call) and node.op.same_as(concat_blocks.IF_THEN_ELSE)]
     cuts = [concat_blocks.position_cut(call.args[0], last, extent) for call in selects]
     return bool(cuts) and all(cut is not None and cut[0] % lanes == 0 for cut in cuts)
-
-
-_IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 
 
 def _keep_row_loop(sch, trailing, own_loops, ragged_rows: int, lanes: int) -> bool:
