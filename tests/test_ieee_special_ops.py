@@ -110,7 +110,7 @@ def test_sigmoid_is_zero_where_onnxruntimes_is(tmp_path, dtype):
     """Sigmoid(x) * inf: NaN where onnxruntime's sigmoid is exactly 0 (float32 from -18 down, float64
     from -36.7368 down), inf where it is not; the fuzzer's Sigmoid -> Cast -> MatMul with an inf
     weight gave inf for NaN. Between -18 and -15.8 onnxruntime's float32 sigmoid is 0 at scattered
-    inputs (onnx_semantics.py), left out here."""
+    inputs: test_sigmoid_levels.py checks those bit for bit."""
     np_type = onnx.helper.tensor_dtype_to_np_dtype(dtype)
     edge64 = float.fromhex("-0x1.25e4f7b2737fbp+5")
     with np.errstate(over="ignore"):

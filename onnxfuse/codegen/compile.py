@@ -39,6 +39,7 @@ from . import (
     register_file,
     relax_import,
     schedule,
+    sigmoid_clamp,
     spill_guard,
     tail_loops,
     vector_intrinsics,  # noqa: F401 - imported for its effect: isnan and nearbyint vectorize
@@ -240,15 +241,16 @@ def compile_group(
     best_name = level_kernel_name(name, levels[0].suffix, len(levels))
     registers = register_file.for_target(target.tvm_target(levels[0]))
     best_funcs, sched_stats, n_checks = _stage(
-        "schedule", stats, lambda: _variants(group.prim_func, best_name, max_duplication, None, registers))
+        "schedule", stats, lambda: _variants(_for_level(group.prim_func, target, levels[0]), best_name,
+                                             max_duplication, None, registers))
     small_variant = small_variant_name(best_name) in best_funcs
     serial_variant = serial_variant_name(best_name) in best_funcs
 
     def level_funcs(level) -> dict:
         base = level_kernel_name(name, level.suffix, len(levels))
         level_registers = register_file.for_target(target.tvm_target(level))
-        return _variants(group.prim_func, base, max_duplication, small_variant, level_registers,
-                         serial_variant=serial_variant)[0]
+        return _variants(_for_level(group.prim_func, target, level), base, max_duplication, small_variant,
+                         level_registers, serial_variant=serial_variant)[0]
 
     options = llvm_options(target, sched_stats.gather_chain)
     small_below = schedule.SMALL_BATCH_ROWS if small_variant else 0
@@ -277,6 +279,12 @@ def compile_group(
     stats["isa_levels"] = ",".join(level.name for level in levels)
     stats["fused_prim_funcs"] = 1  # import_group fails unless main calls exactly one PrimFunc
     return compiled
+
+
+def _for_level(func, target: Target, level):
+    """The unscheduled function as the level computes it where onnxruntime's kernels differ by
+    CPU (sigmoid_clamp)."""
+    return sigmoid_clamp.for_level(func, target.tvm_target(level))
 
 
 def _schedule_or_plain(func, registers: RegisterFile,

@@ -25,6 +25,7 @@ import tvm
 from tvm import relax, te, topi
 
 from .relax_rewrite import function_pass
+from .sigmoid_clamp import CLAMP_BLOCK, clamp_to_unit
 
 # exp(r) for |r| <= ln(2)/2 as a degree-6 polynomial, highest power first, with p(0) = 1 and
 # p'(0) = 1 exact and the rest a least-squares fit of relative error: at most 8e-8 evaluated in
@@ -100,14 +101,14 @@ def _fast_exp(x: te.Tensor, subnormal: bool = True, nonpositive: bool = False) -
                       name="fast_exp")
 
 
-# onnxruntime's float32 Sigmoid (MLAS's logistic kernel, from Eigen) is a rational function of the
-# input clamped to [-18, 18]: x p(x^2) / q(x^2) + 0.5, with p of degree 4 and q of degree 5 in x^2
-# evaluated by Horner's rule (fused multiply-adds on CPUs with FMA), then max(., 0). It rounds to
+# onnxruntime's float32 Sigmoid (MLAS's logistic kernel) is a rational function of the input
+# clamped to [-18, 18]: x p(x^2) / q(x^2) + 0.5, with p of degree 4 and q of degree 5 in x^2
+# evaluated by Horner's rule (fused multiply-adds on CPUs with FMA), the result then clamped as
+# sigmoid_clamp.py says (per CPU: max(., 0) on x86 with FMA, [0, 1] elsewhere). It rounds to
 # exactly 0 at scattered inputs from -15.8 down and everywhere from -18 down, so Sigmoid * inf
 # is NaN there (fuzzer: 1 / (1 + exp(-x)) gave inf). The same form here, with the same float32
-# coefficients, matched it bit for bit on 2.2 million inputs in [-30, 30] (AVX-512 build; LLVM
-# contracts each Horner step into an FMA). Its generic kernel, used on CPUs without FMA and on
-# aarch64, also clamps the result to 1; near x = 17.8 the FMA kernel's 1.0000001 is kept here.
+# coefficients, matched it bit for bit on 2.2 million inputs in [-30, 30] (AVX-512 and AVX2
+# builds; LLVM contracts each Horner step into an FMA).
 SIGMOID_CLAMP = 18.0
 SIGMOID_P = (4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05, 8.51377133304701e-03,
              2.48287947061529e-01)  # x^8 .. x^0 coefficients of p(x^2)
@@ -123,18 +124,19 @@ def _horner(square, coefficients, dtype):
 
 
 def _fast_sigmoid(x: te.Tensor) -> te.Tensor:
-    """onnxruntime's rational sigmoid (above); NaN stays NaN (every compare on it is false)."""
+    """onnxruntime's rational sigmoid (above), then its clamp as a block of its own
+    (sigmoid_clamp.py); NaN stays NaN (every compare on it is false)."""
     low, high = tvm.tirx.const(-SIGMOID_CLAMP, x.dtype), tvm.tirx.const(SIGMOID_CLAMP, x.dtype)
-    zero, half = tvm.tirx.const(0.0, x.dtype), tvm.tirx.const(0.5, x.dtype)
+    half = tvm.tirx.const(0.5, x.dtype)
 
-    def value(*i):
+    def ratio(*i):
         v = x(*i)
         clamped = tvm.tirx.Select(v < low, low, tvm.tirx.Select(v > high, high, v))
         square = clamped * clamped
-        ratio = _horner(square, SIGMOID_P, x.dtype) * clamped / _horner(square, SIGMOID_Q, x.dtype) + half
-        return tvm.tirx.Select(ratio < zero, zero, ratio)
+        return _horner(square, SIGMOID_P, x.dtype) * clamped / _horner(square, SIGMOID_Q, x.dtype) + half
 
-    return te.compute(x.shape, value, name="fast_sigmoid")
+    rational = te.compute(x.shape, ratio, name="fast_sigmoid")
+    return te.compute(x.shape, lambda *i: clamp_to_unit(rational(*i)), name=CLAMP_BLOCK)
 
 
 def _keeping_nan(x: te.Tensor, approximation: te.Tensor) -> te.Tensor:

@@ -37,13 +37,10 @@ translates faithfully.
    or below those edges, none above). Computed as 1 / (1 + exp(-x)), ours was about exp(x) there
    (8.6e-35 at -78.5), so Sigmoid -> Cast -> MatMul with an inf weight gave inf where onnxruntime
    gives NaN (fuzzer, November 26). float32 (and float16, which onnxruntime and we compute in
-   float32) is handled by the fast sigmoid itself, `x <= -18 ? 0 : 1 / (1 + exp(-x))`: one compare
-   and one blend per vector (fast_math.py). A float64 Sigmoid is rewritten here as
-   `Sigmoid(x) * Cast(x > edge)` (NaN stays NaN; a Where would need a 0 constant, one more kernel
-   argument). Between -18 and -15.8 onnxruntime's float32 result moves in steps of 2^-25 and is 0
-   at scattered inputs; ours is within 1.8e-7 of it there, not 0 (docs/numerics.md). This tail
-   was once taken back because a Concat's ragged row tile only vectorized while its sources were
-   short (concat_exit 3.7x slower); a Concat is now one block per source (concat_blocks.py).
+   float32) is onnxruntime's own rational function in the fast sigmoid (fast_math.py), 0 wherever
+   onnxruntime's is, at scattered inputs between -18 and -15.8 too (sigmoid_clamp.py: which
+   kernel, per CPU). A float64 Sigmoid is rewritten here as `Sigmoid(x) * Cast(x > edge)` (NaN
+   stays NaN; a Where would need a 0 constant, one more kernel argument).
 6. float64 Tanh near 0: TVM lowers it as (1 - exp(-2|x|)) / (1 + exp(-2|x|)) with the sign of x,
    whose subtraction cancels: about eps / (2|x|) relative error, 7,000 ulps at x = 1.5e-5 (fuzzer,
    November 26: Reciprocal(Tanh(MatMul)) -66161.65964974 where onnxruntime, std::tanh, gives

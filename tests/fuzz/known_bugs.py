@@ -286,9 +286,10 @@ KNOWN_BUGS = (
     KnownBug("sigmoid-scattered-zero",
              "float32 Sigmoid between -18 and -15.8: onnxruntime's (MLAS, FMA kernel) is max(x p(x^2) / q(x^2) + 0.5, 0) "
              "with x clamped to [-18, 18], which rounds to exactly 0 at scattered inputs there (43,065 of 300,001 "
-             "evenly spaced); ours is 1 / (1 + exp(-x)), 0 only from -18 down, so Sigmoid * inf was inf where "
-             "onnxruntime gives NaN (fuzzer, November 26, seed 81)",
-             (), ("sigmoid-scattered-zero",), _sigmoid_tail),
+             "evenly spaced); ours was 1 / (1 + exp(-x)), 0 only from -18 down, so Sigmoid * inf was inf where "
+             "onnxruntime gives NaN (fuzzer, November 26, seed 81). fast_math now computes onnxruntime's rational "
+             "form, clamped per ISA level as onnxruntime's kernel for those CPUs does (sigmoid_clamp.py)",
+             (), ("sigmoid-scattered-zero",), _sigmoid_tail, fixed=True),
     KnownBug("layernorm-huge-row",
              "LayerNormalization of a row of values near 3e38 (Min(3e38, x) first): onnxruntime's row mean stays finite "
              "(its statistics are not summed in float32) and the output is beta; ours sums in float32 and gives NaN "

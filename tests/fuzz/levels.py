@@ -43,6 +43,16 @@ def host_levels() -> list[tuple[str, list[str]]]:
     return levels
 
 
+def runs_generic_sigmoid(level_name: str) -> bool:
+    """Whether onnxruntime, on the CPUs a level serves, runs its generic float32 Sigmoid kernel
+    where this CPU's onnxruntime runs the FMA one (generic_sigmoid.py): the x86-64 baseline on a
+    CPU with AVX2 and FMA."""
+    fma = {"avx2", "fma"}
+    if platform.machine() != "x86_64" or not fma <= _cpu_flags():
+        return False
+    return not fma <= X86_LEVEL_FLAGS.get(level_name, set())
+
+
 def level_for_batch(batch: int, levels: list):
     """Batches take the levels in turn, the best first."""
     return levels[batch % len(levels)]
