@@ -17,6 +17,8 @@
   (INT_MIN included) with no branch. Since wrapping_integers.py computes `-x` so that it wraps,
   the select would be right too; the max stays, branch-free.
 - `multiply`: its float product is fenced from FMA contraction (rounded_products).
+- `layer_norm`: onnxruntime's algorithms, Welford for short rows, a float64 mean otherwise
+  (layer_norm.py).
 
 The Relax rewrites that run before lowering are passes of their own: unfold_stack_reductions,
 nan_safe_comparisons, fold_shape_take.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax, te, topi
 
+from .layer_norm import legalize_layer_norm
 from .rounded_products import legalize_multiply
 
 
@@ -172,4 +175,5 @@ CUSTOM_LEGALIZE = {
     "relax.cosh": _legalize_cosh,
     "relax.sinh": _legalize_sinh,
     "relax.multiply": legalize_multiply,
+    "relax.nn.layer_norm": legalize_layer_norm,
 }

@@ -292,10 +292,10 @@ KNOWN_BUGS = (
              (), ("sigmoid-scattered-zero",), _sigmoid_tail, fixed=True),
     KnownBug("layernorm-huge-row",
              "LayerNormalization of a row of values near 3e38 (Min(3e38, x) first): onnxruntime's row mean stays finite "
-             "(its statistics are not summed in float32) and the output is beta; ours sums in float32 and gives NaN "
-             "(fuzzer, November 26, seed 81). The kernel's checks catch it on such inputs and fall back, so no fused "
-             "regression pins it",
-             (), (), _layernorm_of_huge_row),
+             "and the output is beta; ours summed in float32 and gave NaN (fuzzer, November 26, seed 81). "
+             "layer_norm.py now computes onnxruntime's statistics: Welford's update for rows under 8, a float64 "
+             "mean from 8 on",
+             (), ("layernorm-huge-row", "layernorm-huge-row-wide"), _layernorm_of_huge_row, fixed=True),
     KnownBug("gemm-alpha-overflow",
              "Gemm with alpha 0.5 of a row holding -3.4e38 (a Clip of -inf): TVM's importer scaled A by alpha before "
              "the product, so the product stayed finite where onnxruntime's overflows to inf (Cos: 0.80 for NaN; "

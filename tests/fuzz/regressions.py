@@ -233,6 +233,25 @@ HANDWRITTEN = {
         _model([("Tanh", ["x"], "t", {}), ("Reciprocal", ["t"], "y", {})], {"x": (TensorProto.DOUBLE, ROW)},
                {"y": (TensorProto.DOUBLE, ROW)}),
         {"x": _row(-1.5114493883143076e-05, 1e-10, 1e-300, 0.3, dtype=np.float64)}),
+    # LayerNormalization of rows near the float32 limit (Min(3e38, x) first; fuzzer, seed 81): onnxruntime's
+    # row statistics stay finite and the output is beta, where a float32 row sum overflowed to NaN; a
+    # row [3e38, -3e38, 0, 0] is NaN in onnxruntime (Welford's update overflows; layer_norm.py).
+    "layernorm-huge-row": lambda: (
+        _model([("Min", ["x", "big"], "m", {}), ("LayerNormalization", ["m", "scale", "bias"], "n", {"axis": -1}),
+                ("Neg", ["n"], "y", {})], {"x": (F32, ROW)}, {"y": (F32, ROW)},
+               {"big": np.array(3e38, np.float32), "scale": np.array([2, -1, 0.5, 3], np.float32),
+                "bias": np.array([0.25, -2, 1, 0], np.float32)}),
+        {"x": np.array([[INF] * 4, [3e38, 3e38, 3e38, 1], [3e38, -3e38, 0, 0], [1e18] * 4, [-3e38, 1, 2, 3]],
+                       np.float32)}),
+    # The same over rows of 16, onnxruntime's other algorithm (a float64 mean): sixteen copies of
+    # 1e18 normalize to 0 (beta); a float32 mean is 1 ulp off and they normalized to ±1.
+    "layernorm-huge-row-wide": lambda: (
+        _model([("Min", ["x", "big"], "m", {}), ("LayerNormalization", ["m", "scale", "bias"], "n", {"axis": -1}),
+                ("Neg", ["n"], "y", {})], {"x": (F32, ("N", 16))}, {"y": (F32, ("N", 16))},
+               {"big": np.array(3e38, np.float32), "scale": np.linspace(-2, 2, 16, dtype=np.float32),
+                "bias": np.linspace(1, 0, 16, dtype=np.float32)}),
+        {"x": np.array([[INF] * 16, [3e38] * 15 + [1], [3e38, -3e38] + [0] * 14, [1e18] * 16, [40000.3] * 16],
+                       np.float32)}),
     # int64 Abs(x) < -3 with x = INT64_MIN (the final seed-41 campaign, minimised: Abs -> Less -> two
     # Slices): onnxruntime's Abs wraps INT64_MIN to itself, so True; the kernel gives False.
     "int64-abs-min-less": lambda: (

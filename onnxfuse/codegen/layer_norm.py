@@ -1,0 +1,115 @@
+"""LayerNormalization as onnxruntime's CPU kernel computes it, so rows near the float limits and
+rows of one repeated large value give its answers.
+
+TVM's lowering sums a row in float32 and divides: a row of values near 3e38 overflows to inf and
+the output is NaN where onnxruntime gives beta (fuzzer, `layernorm-huge-row`), and the mean of
+sixteen copies of 1e18 is not 1e18, so a constant row normalized to ±1 instead of 0. onnxruntime
+1.32 (measured bit for bit against numpy, tests/test_layer_norm.py) does two different things:
+- rows of fewer than 8 values: Welford's update in float, one value after the other
+  (`d = x - m; m += d / k; M2 += d * (x - m)`), then `(x - m) / sqrt(M2 / n + eps) * scale + bias`,
+  every operation rounded on its own. A row [3e38, -3e38] has mean -inf there and gives NaN.
+- rows of 8 or more: the mean summed in double; the variance the sum of (x - mean)^2 in float
+  (in 8 lanes with fused multiply-adds on an AVX2 CPU); `rstd = 1 / sqrt(var / n + eps)` and
+  `fma(d * rstd, scale, bias)`.
+This lowering writes both: Welford unrolled for a row of static length under 8 (each step a Let,
+so the expression grows linearly), otherwise the mean in float64, the squares summed in the
+data's type (their order is the schedule's) and the products left to LLVM, which contracts the
+last multiply-add where the level has FMA, as onnxruntime's kernel does. A row whose length is not
+static takes the second form.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+
+import tvm
+from tvm import relax, te, topi
+
+from .rounded_products import rounded
+
+WELFORD_BELOW = 8  # onnxruntime's kernel takes its vectorized path from rows of 8
+
+
+def _trailing(axes, rank: int) -> int | None:
+    """The first normalized axis if `axes` are the trailing ones (ONNX's are), else None."""
+    axes = sorted(int(a) % rank for a in axes)
+    return axes[0] if axes == list(range(axes[0], rank)) else None
+
+
+def _static_length(shape) -> int | None:
+    dims = [int(d) if isinstance(d, (int, tvm.tirx.IntImm)) else None for d in shape]
+    return None if None in dims else functools.reduce(operator.mul, dims, 1)
+
+
+def _welford_statistics(data: te.Tensor, first: int, n: int, epsilon: float):
+    """(mean, std) per row by Welford's update, unrolled over the row's n (< 8) values."""
+    dtype = data.dtype
+    eps = tvm.tirx.const(epsilon, dtype)
+    inner = list(data.shape[first:])
+
+    def coords(j: int):
+        out = []
+        for extent in reversed(inner):
+            out.append(tvm.tirx.const(j % int(extent), "int64"))
+            j //= int(extent)
+        return list(reversed(out))
+
+    def chain(*row, final):
+        """Let-bound Welford steps over the row, ending in `final(mean, M2)`."""
+        def step(j, mean, m2):
+            if j == n:
+                return final(mean, m2)
+            x = data(*row, *coords(j))
+            d, new_mean, new_m2 = (tvm.tirx.Var(f"welford_{name}{j}", dtype) for name in ("d", "mean", "m2"))
+            return tvm.tirx.Let(d, x - mean, tvm.tirx.Let(
+                new_mean, mean + d / tvm.tirx.const(j + 1, dtype), tvm.tirx.Let(
+                    new_m2, m2 + rounded(d * (x - new_mean)), step(j + 1, new_mean, new_m2))))
+        zero = tvm.tirx.const(0.0, dtype)
+        return step(0, zero, zero)
+
+    rows = list(data.shape[:first])
+    mean = te.compute(rows, lambda *r: chain(*r, final=lambda m, _: m), name="welford_mean")
+    std = te.compute(rows, lambda *r: chain(*r, final=lambda _, m2: tvm.tirx.sqrt(
+        m2 / tvm.tirx.const(n, dtype) + eps)), name="welford_std")
+    return mean, std
+
+
+def layer_norm_as_onnxruntime(data: te.Tensor, gamma: te.Tensor, beta: te.Tensor, axes, epsilon: float):
+    first = _trailing(axes, len(data.shape))
+    if first is None or data.dtype not in ("float32", "float64"):
+        return topi.nn.layer_norm(data, gamma, beta, axis=axes, epsilon=epsilon)
+    dtype = data.dtype
+    n = _static_length(data.shape[first:])
+    split = lambda i: (i[:first], i[first:])  # noqa: E731 - row coordinates, normalized coordinates
+
+    if n is not None and n < WELFORD_BELOW:
+        mean, std = _welford_statistics(data, first, n, epsilon)
+
+        def normalized(*i):
+            row, col = split(i)
+            return rounded((data(*i) - mean(*row)) / std(*row) * gamma(*col)) + beta(*col)
+
+        return te.compute(data.shape, normalized, name="T_layer_norm")
+
+    inner = [te.reduce_axis((0, extent), name=f"k{k}") for k, extent in enumerate(data.shape[first:])]
+    rows = list(data.shape[:first])
+    length = functools.reduce(operator.mul, [tvm.tirx.Cast("float64", extent) for extent in data.shape[first:]])
+    length_here = functools.reduce(operator.mul, [tvm.tirx.Cast(dtype, extent) for extent in data.shape[first:]])
+    total = te.compute(rows, lambda *r: te.sum(data(*r, *inner).astype("float64"), axis=inner), name="x_sum")
+    mean = te.compute(rows, lambda *r: (total(*r) / length).astype(dtype), name="x_mean")
+    squares = te.compute(rows, lambda *r: te.sum((data(*r, *inner) - mean(*r)) * (data(*r, *inner) - mean(*r)),
+                                                 axis=inner), name="x_var_sum")
+    one, eps = tvm.tirx.const(1.0, dtype), tvm.tirx.const(epsilon, dtype)
+    rstd = te.compute(rows, lambda *r: one / tvm.tirx.sqrt(squares(*r) / length_here + eps), name="x_rstd")
+
+    def normalized(*i):
+        row, col = split(i)
+        return (data(*i) - mean(*row)) * rstd(*row) * gamma(*col) + beta(*col)
+
+    return te.compute(data.shape, normalized, name="T_layer_norm")
+
+
+def legalize_layer_norm(bb: relax.BlockBuilder, call):
+    return bb.call_te(layer_norm_as_onnxruntime, call.args[0], call.args[1], call.args[2], list(call.attrs.axes),
+                      float(call.attrs.epsilon), primfunc_name_hint="layer_norm")
