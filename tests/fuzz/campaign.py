@@ -24,7 +24,7 @@ import onnx
 
 from .execute import Case, Finding, Job, run_cases
 from .feeds import input_sets
-from .generic_sigmoid import with_generic_sigmoid
+from .generic_sigmoid import sigmoids_left, with_generic_sigmoid
 from .graphs import Component, GeneratorConfig, assemble, check, generate_component, prune
 from .known_bugs import known_bug_of
 from .levels import host_levels, level_for_batch, runs_generic_sigmoid
@@ -145,7 +145,7 @@ def fuzz_batch(seed: int, size: int, config: GeneratorConfig, work: Path, tally:
     reference = work / "model.onnx"
     if level and runs_generic_sigmoid(level[0]):  # the level's CPUs run onnxruntime's other Sigmoid
         reference = work / "model.generic_sigmoid.onnx"
-        onnx.save(with_generic_sigmoid(model), reference)
+        onnx.save(with_generic_sigmoid(model, sigmoids_left(onnx.load(fused))), reference)
     findings = run_cases(Job(str(reference), str(fused), str(library) if library else None, cases))
     tally.seconds["check"] += time.monotonic() - optimized
     by_case: dict[str, list[Finding]] = {}

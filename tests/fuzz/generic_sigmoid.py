@@ -84,9 +84,11 @@ def _expansion(node: onnx.NodeProto, index: int, float16: bool) -> tuple[list, l
     return w.nodes, w.constants
 
 
-def with_generic_sigmoid(model: onnx.ModelProto) -> onnx.ModelProto:
+def with_generic_sigmoid(model: onnx.ModelProto, left_to_onnxruntime: frozenset[str] = frozenset()) -> onnx.ModelProto:
     """`model` with each float32 or float16 Sigmoid (onnxruntime computes float16 ones in float32)
-    replaced by the generic kernel's computation; other nodes untouched."""
+    replaced by the generic kernel's computation; other nodes untouched, and so are the Sigmoids
+    whose output is in `left_to_onnxruntime`: those the fused model still runs as onnxruntime
+    nodes (`sigmoids_left`), on this CPU's kernel."""
     inferred = onnx.shape_inference.infer_shapes(model)
     types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.graph.value_info, *inferred.graph.input]}
     out = onnx.ModelProto()
@@ -94,6 +96,7 @@ def with_generic_sigmoid(model: onnx.ModelProto) -> onnx.ModelProto:
     del out.graph.node[:]
     for index, node in enumerate(model.graph.node):
         dtype = types.get(node.input[0]) if node.op_type == "Sigmoid" else None
+        dtype = None if node.output[0] in left_to_onnxruntime else dtype
         if dtype in (TensorProto.FLOAT, TensorProto.FLOAT16):
             nodes, constants = _expansion(node, index, dtype == TensorProto.FLOAT16)
             out.graph.node.extend(nodes)
@@ -101,3 +104,9 @@ def with_generic_sigmoid(model: onnx.ModelProto) -> onnx.ModelProto:
         else:
             out.graph.node.append(node)
     return out
+
+
+def sigmoids_left(fused: onnx.ModelProto) -> frozenset[str]:
+    """The outputs of the Sigmoids a fused model still runs in onnxruntime (groups that fell back,
+    nodes in no group)."""
+    return frozenset(n.output[0] for n in fused.graph.node if n.op_type == "Sigmoid")
