@@ -195,6 +195,23 @@ def required_features(target: Target, level: IsaLevel) -> tuple[str, ...]:
                                if codegen.target_has_features(llvm_name, tvm_target)))
 
 
+def runs_here(target: Target, level: IsaLevel) -> bool:
+    """Whether this machine can run `level`'s kernels: the target's triple is this machine's and
+    its CPU (as LLVM detects it) has every feature the level requires."""
+    import tvm
+    from tvm.target import codegen
+
+    try:
+        if target.triple != host_triple():
+            return False
+    except UsageError:
+        return False
+    host = tvm.target.Target({"kind": "llvm", "mtriple": target.triple, "mcpu": codegen.llvm_get_system_cpu()})
+    checkable = AARCH64_CHECKABLE if target.arch == "aarch64" else X86_CHECKABLE
+    llvm_names = {runtime_name: llvm_name for llvm_name, runtime_name in checkable.items()}
+    return all(codegen.target_has_features(llvm_names.get(name, name), host) for name in level.requires)
+
+
 def check_cpu_and_features(target: Target) -> None:
     """Raises UsageError unless LLVM knows each level's CPU and every feature for its triple.
 

@@ -27,7 +27,7 @@ from onnx import numpy_helper
 
 from ..errors import CompileError, short_reason
 from ..kernel_spec import KernelSpec, TensorSpec, level_kernel_name, serial_variant_name, small_variant_name
-from ..target import Target
+from ..target import Target, runs_here
 from . import (
     bounds,
     empty_reductions,
@@ -60,6 +60,7 @@ class CompiledGroup:
     _model: onnx.ModelProto = field(repr=False, default=None)
     _host_funcs: dict = field(repr=False, default=None)  # what run() builds (host_kernel.host_functions)
     _host_kernel: dict = field(repr=False, default=None)  # those functions, built
+    _host_target: object = field(repr=False, default=None)  # what they are built for (host_build_target)
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Runs the kernel in-process with TVM's runtime (for verification against onnxruntime)."""
@@ -89,13 +90,14 @@ class CompiledGroup:
     def build_host_kernel(self) -> None:
         """Builds the in-process kernel now (run() would on its first call)."""
         if self._host_kernel is None:
-            ex = build_module(self._host_funcs, tvm.target.Target({"kind": "llvm"}))
+            ex = build_module(self._host_funcs, self._host_target or tvm.target.Target({"kind": "llvm"}))
             self._host_kernel = {name: ex.mod[name] for name in self._host_funcs}
 
     def _kernel(self, bindings: dict[str, int]):
         """The variant the runtime would call for these dims (see KernelSpec.small_batch_below):
         the best level's schedule and index checks with its loops serial (host_kernel.py), built
-        for the host CPU (the object file may be for another target)."""
+        for that level where this machine runs it, so it computes the same bits as the object
+        (FMA contraction, sigmoid_clamp), else for a generic CPU (host_build_target)."""
         self.build_host_kernel()
         small = self.spec.small_batch_below and int(np.prod(list(bindings.values()))) < self.spec.small_batch_below
         return self._host_kernel[self.spec.small_name if small else self.spec.name]
@@ -265,7 +267,7 @@ def compile_group(
     except ValueError as exc:
         raise CompileError(f"spec: {exc}") from exc
     compiled = CompiledGroup(spec, tuple(group.arg_sources), dict(group.extra_weights), stats, model,
-                             host_functions(best_funcs, best_name, name))
+                             host_functions(best_funcs, best_name, name), _host_target=host_build_target(target))
     jobs = [(levels[0], best_funcs)] + [(level, functools.partial(level_funcs, level)) for level in levels[1:]]
     _stage("build", stats, lambda: build_object(jobs, name, target, pathlib.Path(out_dir), options, parallel_levels,
                                                 compiled.build_host_kernel if host_kernel else None,
@@ -279,6 +281,15 @@ def compile_group(
     stats["isa_levels"] = ",".join(level.name for level in levels)
     stats["fused_prim_funcs"] = 1  # import_group fails unless main calls exactly one PrimFunc
     return compiled
+
+
+def host_build_target(target: Target):
+    """The TVM target the in-process kernel is built for: the best level's own when this machine
+    runs it, so the in-process kernel computes what the shipped one does; a generic CPU otherwise
+    (a cross build: it then differs in roundings, which verification's tolerance allows)."""
+    if runs_here(target, target.levels[0]):
+        return target.tvm_target(target.levels[0])
+    return tvm.target.Target({"kind": "llvm"})
 
 
 def _for_level(func, target: Target, level):
