@@ -178,6 +178,10 @@ def _where_negative_zero(cone: Cone, kind: str, detail: str) -> bool:
     return kind in ("inf", "value", "exact") and bool(cone.ops("Where"))
 
 
+def _single_product_zero(cone: Cone, kind: str, detail: str) -> bool:
+    return kind in ("inf", "value", "exact") and bool(cone.ops("MatMul", "Gemm")) and bool(cone.ops("Div", "Reciprocal", "Pow"))
+
+
 def _layernorm_of_huge_row(cone: Cone, kind: str, detail: str) -> bool:
     return kind in ("nan", "inf", "value") and bool(cone.ops("LayerNormalization"))
 
@@ -301,6 +305,11 @@ KNOWN_BUGS = (
              "the product, so the product stayed finite where onnxruntime's overflows to inf (Cos: 0.80 for NaN; "
              "onnx_semantics.py rule 7 now scales the product)",
              (), ("gemm-alpha-overflow",), _gemm_scaled, fixed=True),
+    KnownBug("single-product-negative-zero",
+             "MatMul over K = 1 of x = -0.0 then 1e8 / it: onnxruntime's GEMM sums from +0.0, so +inf; the kernel's "
+             "single product kept -0.0 and gave -inf (fuzzer, November 26, seed 92; onnx_semantics.py rule 9 adds "
+             "+0.0)",
+             (), ("single-product-negative-zero",), _single_product_zero, fixed=True),
     KnownBug("where-negative-zero",
              "Where(c, x, y) picking x = -0.0, then Pow(-1): -inf where onnxruntime gives +inf; onnxruntime's "
              "float Where returns +0.0 for a -0.0 of its first branch (off-spec; onnx_semantics.py rule 8 "

@@ -252,6 +252,13 @@ HANDWRITTEN = {
                 "bias": np.linspace(1, 0, 16, dtype=np.float32)}),
         {"x": np.array([[INF] * 16, [3e38] * 15 + [1], [3e38, -3e38] + [0] * 14, [1e18] * 16, [40000.3] * 16],
                        np.float32)}),
+    # 1e8 / (x @ w) over K = 1 with x = -0.0 (seed 92, minimised: Erf -> ReduceMin -> MatMul -> Div):
+    # onnxruntime's GEMM sums from +0.0, so +inf for every w; the kernel's lone product kept -0.0.
+    "single-product-negative-zero": lambda: (
+        _model([("MatMul", ["x", "w"], "m", {}), ("Div", ["big", "m"], "y", {})], {"x": (F32, ("N", 1))},
+               {"y": (F32, ("N", 4))}, {"w": np.array([[-1.5, -0.25, 0.5, 2]], np.float32),
+                                        "big": np.array(1e8, np.float32)}),
+        {"x": np.array([[-0.0], [0.0], [1e-45], [-1e-45], [2]], np.float32)}),
     # int64 Abs(x) < -3 with x = INT64_MIN (the final seed-41 campaign, minimised: Abs -> Less -> two
     # Slices): onnxruntime's Abs wraps INT64_MIN to itself, so True; the kernel gives False.
     "int64-abs-min-less": lambda: (
