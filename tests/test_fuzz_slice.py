@@ -134,3 +134,20 @@ def test_out_of_range_float_to_int_casts_are_not_compared():
     assert _rule_applies(("integer-sum", np.int32), np.array([5, np.iinfo(np.int32).max], np.int32))
     assert not _rule_applies(("integer-sum", np.int64), np.array([2**52, -5], np.int64))
     assert _rule_applies(("integer-sum", np.int64), np.array([2**53], np.int64))
+
+
+def test_comparisons_the_approximation_decides_are_not_compared():
+    """compare.py, rule 7: Equal(Erf(x), HardSigmoid(x)) at x = 3.87 is decided by Erf's last ulp
+    (onnxruntime 0.99999994, the kernel 1.0); operands further apart than the budget still count."""
+    from fuzz.execute import _rule_applies, _uncompared_probes
+    from onnx_builder import model, node
+
+    m = model([node("Erf", ["x"], "e"), node("HardSigmoid", ["x"], "h"), node("Equal", ["e", "h"], "y")],
+              {"x": ("N", 1)}, {"y": ("N", 1)})
+    (rule, outputs), = _uncompared_probes(m)["e"]
+    assert rule == ("approximate-compare", "h", "float32") and outputs == {"y"}
+    rows = {"h": np.array([[1.0], [0.5]], np.float32)}
+    assert _rule_applies(rule, np.array([[0.99999994], [0.9]], np.float32), rows)
+    assert not _rule_applies(rule, np.array([[0.999], [0.9]], np.float32), rows)
+    exact = model([node("Abs", ["x"], "a"), node("Less", ["a", "x"], "y")], {"x": ("N", 1)}, {"y": ("N", 1)})
+    assert "a" not in _uncompared_probes(exact)  # no approximation upstream: compared bit for bit

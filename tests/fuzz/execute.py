@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .compare import EXACT_OPS, compare_output, largest_magnitude
+from .compare import EXACT_OPS, ULP_BUDGET, compare_output, largest_magnitude
 from .graphs import prune
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
@@ -134,16 +134,22 @@ def sin_cos_arguments(model: onnx.ModelProto) -> dict[str, set[str]]:
 _INTEGER = {onnx.TensorProto.INT8: np.int8, onnx.TensorProto.INT16: np.int16, onnx.TensorProto.INT32: np.int32,
             onnx.TensorProto.INT64: np.int64, onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.UINT16: np.uint16,
             onnx.TensorProto.UINT32: np.uint32, onnx.TensorProto.UINT64: np.uint64}
+_COMPARISONS = ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual")
 _INTEGER_SUMS = ("ReduceSum", "ReduceMean", "ReduceProd", "ReduceSumSquare", "ReduceL1")
 
 
 def _uncompared_probes(model: onnx.ModelProto) -> dict[str, list[tuple[tuple, set[str]]]]:
-    """The values whose contents decide whether an output is compared (compare.py, rules 5 and
-    6): value → [(rule, the graph outputs downstream of it)]. Rules: ("nan",) for a
-    ReduceMax/ReduceMin input; ("cast-range", dtype) for a float → integer Cast's input;
-    ("integer-sum", dtype) for an integer ReduceSum/Mean/Prod/SumSquare/L1 output."""
+    """The values whose contents decide whether an output is compared (compare.py, rules 5 to 7):
+    value → [(rule, the graph outputs downstream of it)]. Rules: ("nan",) for a ReduceMax/ReduceMin
+    input; ("cast-range", dtype) for a float → integer Cast's input; ("integer-sum", dtype) for an
+    integer ReduceSum/Mean/Prod/SumSquare/L1 output; ("approximate-compare", other, dtype) for a
+    comparison's first operand when an approximation is upstream of either (`other`: the second)."""
     types = _element_types(model)
     producers = {o: n for n in model.graph.node for o in n.output}
+
+    def approximated(value: str) -> bool:
+        return any(n.op_type not in EXACT_OPS for n in upstream_nodes(producers, value))
+
     rules: dict[str, dict[tuple, set[str]]] = {}
     for output in model.graph.output:
         for n in upstream_nodes(producers, output.name):
@@ -155,13 +161,31 @@ def _uncompared_probes(model: onnx.ModelProto) -> dict[str, list[tuple[tuple, se
             if n.op_type in _INTEGER_SUMS and types.get(n.output[0]) in _INTEGER:
                 rule = ("integer-sum", _INTEGER[types[n.output[0]]])
                 rules.setdefault(n.output[0], {}).setdefault(rule, set()).add(output.name)
+            if (n.op_type in _COMPARISONS and types.get(n.input[0]) in _FLOAT_WIDTH
+                    and (approximated(n.input[0]) or approximated(n.input[1]))):
+                rule = ("approximate-compare", n.input[1], _FLOAT_WIDTH[types[n.input[0]]])
+                rules.setdefault(n.input[0], {}).setdefault(rule, set()).add(output.name)
     return {value: list(by_rule.items()) for value, by_rule in rules.items()}
 
 
-def _rule_applies(rule: tuple, value: np.ndarray) -> bool:
-    """Whether `value` is one that onnxruntime answers off-spec or without a defined answer for."""
+def _probed_values(uncompared: dict) -> list[str]:
+    """Every value the rules read: the probed ones and a comparison's second operand."""
+    return [*uncompared, *(rule[1] for by_rule in uncompared.values() for rule, _ in by_rule
+                           if rule[0] == "approximate-compare")]
+
+
+def _rule_applies(rule: tuple, value: np.ndarray, rows: dict | None = None) -> bool:
+    """Whether `value` is one that onnxruntime answers off-spec or without a defined answer for, or
+    (approximate-compare) one the approximation's allowed error decides."""
     if rule[0] == "nan":
         return bool(np.isnan(value).any())
+    if rule[0] == "approximate-compare":  # compare.py, rule 7
+        other = np.asarray(rows[rule[1]])
+        with np.errstate(invalid="ignore", over="ignore"):
+            a, b = np.broadcast_arrays(value.astype(np.float64), other.astype(np.float64))
+            scale = np.maximum(np.abs(a), np.abs(b))
+            budget = ULP_BUDGET[rule[2]] * np.spacing(scale.astype(rule[2])).astype(np.float64)
+            return bool((np.isfinite(a) & np.isfinite(b) & (np.abs(a - b) <= budget)).any())
     info = np.iinfo(rule[1])
     if rule[0] == "cast-range":  # out of the integer type's range: undefined in ONNX
         whole = np.trunc(value[np.isfinite(value)].astype(np.float64))
@@ -238,7 +262,7 @@ def _check(case: Case, original: onnx.ModelProto, fused: onnx.ModelProto, librar
     uncompared = _uncompared_probes(reference_model)
     periodic = sin_cos_arguments(reference_model)
     graph_inputs = {i.name for i in reference_model.graph.input}
-    computed = [v for v in dict.fromkeys([*uncompared, *periodic]) if v not in graph_inputs]
+    computed = [v for v in dict.fromkeys([*_probed_values(uncompared), *periodic]) if v not in graph_inputs]
     probe = _session(prune(reference_model, computed), None) if computed else None
     findings = []
     for number, feeds in enumerate(case.feeds):
@@ -258,11 +282,11 @@ def _check(case: Case, original: onnx.ModelProto, fused: onnx.ModelProto, librar
             magnitude = largest_magnitude(list(feeds.values()))
             magnitudes = dict.fromkeys(case.outputs, magnitude)
             skipped = set()
-            if uncompared or periodic:  # compare.py, rules 3 (Sin/Cos), 5 and 6
+            if uncompared or periodic:  # compare.py, rules 3 (Sin/Cos), 5 to 7
                 probed = probe.run(None, {i.name: feeds[i.name] for i in probe.get_inputs()}) if probe else []
                 rows = {**feeds, **dict(zip(computed, probed))}
                 skipped = {o for value, by_rule in uncompared.items() for rule, outputs in by_rule
-                           if _rule_applies(rule, np.asarray(rows[value])) for o in outputs}
+                           if _rule_applies(rule, np.asarray(rows[value]), rows) for o in outputs}
                 for value, outputs in periodic.items():
                     for o in outputs:
                         magnitudes[o] = max(magnitudes[o], largest_magnitude([np.asarray(rows[value])]))
