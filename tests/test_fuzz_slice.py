@@ -151,3 +151,20 @@ def test_comparisons_the_approximation_decides_are_not_compared():
     assert not _rule_applies(rule, np.array([[0.999], [0.9]], np.float32), rows)
     exact = model([node("Abs", ["x"], "a"), node("Less", ["a", "x"], "y")], {"x": ("N", 1)}, {"y": ("N", 1)})
     assert "a" not in _uncompared_probes(exact)  # no approximation upstream: compared bit for bit
+
+
+def test_a_comparison_with_a_constant_operand_is_checked_without_error(tmp_path):
+    """Rule 7 reads both operands of the comparison; a weight (initializer) operand is read from the
+    model itself (the first seed-94 batches counted the runner's KeyError on one as crashes)."""
+    from fuzz.campaign import optimize as fuzz_optimize
+    from fuzz.execute import Case, Job, run_cases
+    from onnx_builder import model, node
+
+    m = model([node("Erf", ["x"], "e"), node("Equal", ["e", "one"], "y")], {"x": ("N", 1)}, {"y": ("N", 1)},
+              {"one": np.array(1.0, np.float32)})
+    m.graph.output[0].type.tensor_type.elem_type = onnx.TensorProto.BOOL
+    onnx.save(m, tmp_path / "m.onnx")
+    fused, library, _ = fuzz_optimize(tmp_path / "m.onnx", tmp_path, jobs=1)
+    feeds = [{"x": np.array([[3.87], [0.5], [5.0]], np.float32)}]
+    assert run_cases(Job(str(tmp_path / "m.onnx"), str(fused), str(library) if library else None,
+                         [Case("c", ["y"], feeds)])) == []

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from .compare import EXACT_OPS, ULP_BUDGET, compare_output, largest_magnitude
 from .graphs import prune
@@ -261,8 +262,9 @@ def _check(case: Case, original: onnx.ModelProto, fused: onnx.ModelProto, librar
         return [Finding(case.id, "fused-raised", detail=f"session: {str(exc).strip()[:200]}")]
     uncompared = _uncompared_probes(reference_model)
     periodic = sin_cos_arguments(reference_model)
-    graph_inputs = {i.name for i in reference_model.graph.input}
-    computed = [v for v in dict.fromkeys([*_probed_values(uncompared), *periodic]) if v not in graph_inputs]
+    constants = {i.name: numpy_helper.to_array(i) for i in reference_model.graph.initializer}
+    given = {i.name for i in reference_model.graph.input} | set(constants)
+    computed = [v for v in dict.fromkeys([*_probed_values(uncompared), *periodic]) if v not in given]
     probe = _session(prune(reference_model, computed), None) if computed else None
     findings = []
     for number, feeds in enumerate(case.feeds):
@@ -284,7 +286,7 @@ def _check(case: Case, original: onnx.ModelProto, fused: onnx.ModelProto, librar
             skipped = set()
             if uncompared or periodic:  # compare.py, rules 3 (Sin/Cos), 5 to 7
                 probed = probe.run(None, {i.name: feeds[i.name] for i in probe.get_inputs()}) if probe else []
-                rows = {**feeds, **dict(zip(computed, probed))}
+                rows = {**constants, **feeds, **dict(zip(computed, probed))}
                 skipped = {o for value, by_rule in uncompared.items() for rule, outputs in by_rule
                            if _rule_applies(rule, np.asarray(rows[value]), rows) for o in outputs}
                 for value, outputs in periodic.items():
