@@ -225,3 +225,29 @@ def test_not_carried_when_a_body_reads_it(tmp_path):
     assert group.outputs == ("s",) and not group.float32_outputs
     graph, plan = _plan(_model("sum_cast_to_int"), tmp_path)
     assert plan.groups[0].float32_outputs == ("s",)  # the same without the If
+
+
+def test_a_group_ending_in_a_cast_to_float16_carries_its_float32_source(tmp_path):
+    """Split -> Cast(float32 -> float16) in a group, read by an unfused Reciprocal and Sin: onnxruntime
+    drops the Cast with the one back to float32 it inserts, so they read the float32 value (Sin of
+    70000 is finite); the group carries the Cast's source (fuzzer, seed 95: NaN for 0.93)."""
+    x = helper.make_tensor_value_info("x", F32, ["N", 4])
+    outputs = [helper.make_tensor_value_info(name, F16, ["N", 2]) for name in ("r", "s")]
+    graph = helper.make_graph(
+        [helper.make_node("Split", ["x", "halves"], ["a", "b"], axis=-1), helper.make_node("Cast", ["b"], ["c"], to=F16),
+         helper.make_node("Reciprocal", ["c"], ["r"]), helper.make_node("Sin", ["c"], ["s"])], "cast_boundary", [x],
+        [*outputs, helper.make_tensor_value_info("a", F32, ["N", 2])],
+        [helper.make_tensor("halves", TensorProto.INT64, [2], [2, 2])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": np.array([[1, 2, 70000, -3.3333], [0, 0, 0.1234567, 1e-3]], np.float32)}
+    expected = original_session(m).run(None, feeds)
+    assert np.isfinite(expected[1]).all()  # Sin of the unrounded 70000
+    source = tmp_path / "m.onnx"
+    onnx.save(m, str(source))
+    result = optimize(source, tmp_path / "m.fused.onnx", cache_dir=False, jobs=1, select="all")
+    groups = result.report["groups"]
+    assert [g["op_types"] for g in groups] == [["Split", "Cast"]] and groups[0]["status"] == "compiled", groups
+    assert groups[0]["float32_outputs"] == ["c"]
+    got = InferenceSession(str(result.model_path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for g, e in zip(got, expected, strict=True):
+        assert_bitwise_equal(g, e)

@@ -4,7 +4,8 @@ Why: onnxruntime computes a float16 node without a float16 kernel in float32 and
 result unrounded to the next such node (float16_as_onnxruntime.py); a group output is rounded
 (fusion/float32_boundaries.py says what carrying it as float32 changes). An output is carried
 when, in the original model:
-- the node producing it is computed in float32 by onnxruntime, and has no other output;
+- the node producing it is computed in float32 by onnxruntime, or is a model's Cast to float16
+  (of a float32, float64 or integer value), and has no other output;
 - some reader outside the group reads it unrounded and is an unfused float32 node, an unfused
   Cast (rewired to read the float32 value: onnxruntime keeps a model's Cast(float32 -> float16)
   read by a Cast to int32, so the written model's own rounding Cast would round it), or a node
@@ -33,6 +34,7 @@ from ..ir import Graph
 from .float16_as_onnxruntime import FLOAT32_OPS, onnxruntime_float32
 
 _F16_NAME = "float16"
+_FLOAT16 = 10  # TensorProto.FLOAT16
 
 
 def carry_float32(graph: Graph, plan: FusionPlan) -> FusionPlan:
@@ -58,7 +60,8 @@ def carry_float32(graph: Graph, plan: FusionPlan) -> FusionPlan:
         for v in group.outputs:
             value = graph.value(v)
             n = value.producer
-            if (value.dtype != _F16_NAME or n not in float32 or len(graph.nodes[n].outputs) != 1 or v not in unrounded
+            computes = n is not None and (n in float32 or _rounding_cast(graph, n))
+            if (value.dtype != _F16_NAME or not computes or len(graph.nodes[n].outputs) != 1 or v not in unrounded
                     or _read_by_a_body(graph, v)):
                 continue
             readers = unrounded[v][1]
@@ -90,6 +93,17 @@ def carry_float32(graph: Graph, plan: FusionPlan) -> FusionPlan:
                                    unrounded_casts=tuple(casts.get(g.name, ())))
                if not g.scope and (g.name in outputs or g.name in inputs) else g for g in plan.groups]
     return dataclasses.replace(plan, groups=carried)
+
+
+def _rounding_cast(graph: Graph, index: int) -> bool:
+    """Whether node `index` is a model's Cast to float16 of a non-float16 value: onnxruntime drops
+    it where its readers take the source unrounded (float16_as_onnxruntime's `unrounded` reads),
+    so a group ending in it carries the source, cast to float32 (seed 95: Cast(float32 -> float16)
+    read by an unfused Reciprocal and Sin, which read the float32 value in onnxruntime)."""
+    node = graph.nodes[index]
+    to = node.attributes.get("to") if node.op_type == "Cast" and node.domain in ("", "ai.onnx") else None
+    source = graph.value(node.inputs[0]).dtype if to is not None else None
+    return to == _FLOAT16 and source is not None and source != _F16_NAME
 
 
 def _read_by_a_body(graph: Graph, value: str) -> bool:

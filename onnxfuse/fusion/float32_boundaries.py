@@ -62,10 +62,13 @@ def carrying_group_model(model: onnx.ModelProto, group: FusedGroup) -> onnx.Mode
         if not carried:
             nodes.append(node)
             continue
-        wide = onnx.NodeProto()
-        wide.CopyFrom(node)
-        wide.input[:] = [widened(i) if i and types.get(i) == _F16 else i for i in node.input]
-        wide.output[:] = [carried_name(o) if o in carried else o for o in node.output]
+        if node.op_type == "Cast":  # a Cast to float16 (float16_boundaries): its source, cast to float32
+            wide = helper.make_node("Cast", [node.input[0]], [carried_name(carried[0])], name=node.name, to=_F32)
+        else:
+            wide = onnx.NodeProto()
+            wide.CopyFrom(node)
+            wide.input[:] = [widened(i) if i and types.get(i) == _F16 else i for i in node.input]
+            wide.output[:] = [carried_name(o) if o in carried else o for o in node.output]
         nodes.append(wide)
         nodes.extend(helper.make_node("Cast", [carried_name(o)], [o], name=f"{o}__onnxfuse_round", to=_F16)
                      for o in carried if o in read)

@@ -285,9 +285,9 @@ KNOWN_BUGS = (
              "a group ending in Cast(float32 -> float16) whose result onnxruntime's float32-computed nodes read "
              "(Reciprocal, Sin): onnxruntime removes the Cast with the one back to float32 it inserts, so they read the "
              "float32 value unrounded; the group's output is rounded float16 (one float16 ulp off, and inf -> Sin NaN "
-             "where onnxruntime's value stays finite). Fuzzer, November 26, seed 95; the group falls back on such "
-             "inputs in isolation (the shipped check sees it), so pattern only",
-             (), (), _float16_cast_boundary),
+             "where onnxruntime's value stays finite). Fuzzer, November 26, seed 95; float16_boundaries.py now "
+             "carries the Cast's source out as float32",
+             (), ("float16-cast-boundary",), _float16_cast_boundary, fixed=True),
     KnownBug("sigmoid-tail-zero",
              "Sigmoid(-78.5) was 8.6e-35 where onnxruntime's is exactly 0 (its float32 sigmoid clamps the input "
              "to -18, its float64 one is 0 below -36.74), so Sigmoid -> Cast -> MatMul with an inf weight gave inf "

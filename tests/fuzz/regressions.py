@@ -77,6 +77,15 @@ def _row(*values, dtype=np.float32) -> np.ndarray:
     return np.array([values], dtype)
 
 
+def _float16_cast_boundary():
+    """Split (two outputs: _model makes one-output nodes) -> Cast to float16 -> Reciprocal, Sin."""
+    m = _model([("Cast", ["b"], "c", {"to": F16}), ("Reciprocal", ["c"], "r", {}), ("Sin", ["c"], "s", {})],
+               {"x": (F32, ("N", 4))}, {"r": (F16, ("N", 2)), "s": (F16, ("N", 2)), "a": (F32, ("N", 2))},
+               {"halves": np.array([2, 2], np.int64)})
+    m.graph.node.insert(0, helper.make_node("Split", ["x", "halves"], ["a", "b"], name="split", axis=-1))
+    return m, {"x": np.array([[1, 2, 70000, -3.3333], [0, 0, 0.1234567, 1e-3]], np.float32)}
+
+
 HANDWRITTEN = {
     # (a + b) - b with a=1, b=1e8: onnxruntime 0 (1e8 + 1 rounds to 1e8), reassociated 1.
     "reassociation-cancellation": lambda: (
@@ -259,6 +268,9 @@ HANDWRITTEN = {
                {"y": (F32, ("N", 4))}, {"w": np.array([[-1.5, -0.25, 0.5, 2]], np.float32),
                                         "big": np.array(1e8, np.float32)}),
         {"x": np.array([[-0.0], [0.0], [1e-45], [-1e-45], [2]], np.float32)}),
+    # Split -> Cast(float32 -> float16) in one group, read by an unfused Reciprocal and Sin (seed 95,
+    # minimised): onnxruntime drops the Cast pair, so Sin reads 70000 (finite), not the rounded inf.
+    "float16-cast-boundary": lambda: _float16_cast_boundary(),
     # int64 Abs(x) < -3 with x = INT64_MIN (the final seed-41 campaign, minimised: Abs -> Less -> two
     # Slices): onnxruntime's Abs wraps INT64_MIN to itself, so True; the kernel gives False.
     "int64-abs-min-less": lambda: (
