@@ -123,19 +123,22 @@ def _horner(square, coefficients, dtype):
     return value
 
 
+def _odd_rational(v, bound: float, p, q):
+    """MLAS's x p(x^2) / q(x^2) on x clamped to [-bound, bound] (Sigmoid's and Tanh's common form;
+    a NaN x passes the clamp: both compares on it are false)."""
+    dtype = v.ty.dtype
+    low, high = tvm.tirx.const(-bound, dtype), tvm.tirx.const(bound, dtype)
+    clamped = tvm.tirx.Select(v < low, low, tvm.tirx.Select(v > high, high, v))
+    square = clamped * clamped
+    return _horner(square, p, dtype) * clamped / _horner(square, q, dtype)
+
+
 def _fast_sigmoid(x: te.Tensor) -> te.Tensor:
     """onnxruntime's rational sigmoid (above), then its clamp as a block of its own
     (sigmoid_clamp.py); NaN stays NaN (every compare on it is false)."""
-    low, high = tvm.tirx.const(-SIGMOID_CLAMP, x.dtype), tvm.tirx.const(SIGMOID_CLAMP, x.dtype)
     half = tvm.tirx.const(0.5, x.dtype)
-
-    def ratio(*i):
-        v = x(*i)
-        clamped = tvm.tirx.Select(v < low, low, tvm.tirx.Select(v > high, high, v))
-        square = clamped * clamped
-        return _horner(square, SIGMOID_P, x.dtype) * clamped / _horner(square, SIGMOID_Q, x.dtype) + half
-
-    rational = te.compute(x.shape, ratio, name="fast_sigmoid")
+    rational = te.compute(x.shape, lambda *i: _odd_rational(x(*i), SIGMOID_CLAMP, SIGMOID_P, SIGMOID_Q) + half,
+                          name="fast_sigmoid")
     return te.compute(x.shape, lambda *i: clamp_to_unit(rational(*i)), name=CLAMP_BLOCK)
 
 
@@ -152,16 +155,8 @@ TANH_Q = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89
 
 
 def _fast_tanh(x: te.Tensor) -> te.Tensor:
-    """onnxruntime's rational tanh (above); NaN stays NaN (both compares on it are false)."""
-    low, high = tvm.tirx.const(-TANH_CLAMP, x.dtype), tvm.tirx.const(TANH_CLAMP, x.dtype)
-
-    def value(*i):
-        v = x(*i)
-        clamped = tvm.tirx.Select(v < low, low, tvm.tirx.Select(v > high, high, v))
-        square = clamped * clamped
-        return _horner(square, TANH_P, x.dtype) * clamped / _horner(square, TANH_Q, x.dtype)
-
-    return te.compute(x.shape, value, name="fast_tanh")
+    """onnxruntime's rational tanh (above); NaN stays NaN."""
+    return te.compute(x.shape, lambda *i: _odd_rational(x(*i), TANH_CLAMP, TANH_P, TANH_Q), name="fast_tanh")
 
 
 def _keeping_nan(x: te.Tensor, approximation: te.Tensor) -> te.Tensor:

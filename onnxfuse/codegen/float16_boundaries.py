@@ -27,14 +27,13 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from onnx import helper
+from onnx import TensorProto, helper
 
 from ..fusion.plan import FusionPlan
 from ..ir import Graph
 from .float16_as_onnxruntime import FLOAT32_OPS, onnxruntime_float32
 
 _F16_NAME = "float16"
-_FLOAT16 = 10  # TensorProto.FLOAT16
 
 
 def carry_float32(graph: Graph, plan: FusionPlan) -> FusionPlan:
@@ -103,7 +102,7 @@ def _rounding_cast(graph: Graph, index: int) -> bool:
     node = graph.nodes[index]
     to = node.attributes.get("to") if node.op_type == "Cast" and node.domain in ("", "ai.onnx") else None
     source = graph.value(node.inputs[0]).dtype if to is not None else None
-    return to == _FLOAT16 and source is not None and source != _F16_NAME
+    return to == TensorProto.FLOAT16 and source is not None and source != _F16_NAME
 
 
 def _read_by_a_body(graph: Graph, value: str) -> bool:

@@ -285,26 +285,21 @@ def _rewrite_single_product(node, elem_types, shapes, prefix: str):
     return b
 
 
-def _static_shapes(model: onnx.ModelProto) -> dict[str, list]:
-    """Every value's dims as shape inference gives them (an int, or None where not static)."""
-    inferred = onnx.shape_inference.infer_shapes(model)
-    graph = inferred.graph
-    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
-              for v in list(graph.input) + list(graph.value_info) + list(graph.output)}
-    shapes.update({i.name: list(i.dims) for i in graph.initializer})
-    return shapes
-
-
 def _where_branches(model: onnx.ModelProto) -> set[str]:
     return {n.input[1] for n in model.graph.node if n.op_type == "Where" and n.domain in ("", "ai.onnx")}
 
 
-def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
-    inferred = onnx.shape_inference.infer_shapes(model)
-    graph = inferred.graph
-    types = {v.name: v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.value_info) + list(graph.output)}
+def _types_and_shapes(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str, list]]:
+    """Every value's element type and dims (an int, or None where not static), from one shape
+    inference."""
+    graph = onnx.shape_inference.infer_shapes(model).graph
+    values = list(graph.input) + list(graph.value_info) + list(graph.output)
+    types = {v.name: v.type.tensor_type.elem_type for v in values}
     types.update({i.name: i.data_type for i in graph.initializer})
-    return types
+    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+              for v in values}
+    shapes.update({i.name: list(i.dims) for i in graph.initializer})
+    return types, shapes
 
 
 def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -315,9 +310,8 @@ def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
     if not any(n.op_type in rewritten_ops and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-    elem_types = _elem_types(model)
+    elem_types, shapes = _types_and_shapes(model)
     where_branches = _where_branches(model)
-    shapes = _static_shapes(model) if any(n.op_type in ("MatMul", "Gemm") for n in model.graph.node) else {}
     constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name in where_branches}
     nodes, initializers, changed = [], [], False
     for index, node in enumerate(model.graph.node):
