@@ -116,18 +116,20 @@ def upstream_nodes(producers: dict[str, onnx.NodeProto], value: str):
         stack.extend(n.input)
 
 
+def _approximated(producers: dict[str, onnx.NodeProto], value: str) -> bool:
+    """Whether an op that is not IEEE-exact computes anything `value` depends on."""
+    return any(n.op_type not in EXACT_OPS for n in upstream_nodes(producers, value))
+
+
 def sin_cos_arguments(model: onnx.ModelProto) -> dict[str, set[str]]:
     """compare.py, rule 3's magnitude: the input of each Sin/Cos computed by a not IEEE-exact op
     upstream → the graph outputs downstream of that Sin/Cos."""
     producers = {o: n for n in model.graph.node for o in n.output}
 
-    def approximated(value: str) -> bool:
-        return any(n.op_type not in EXACT_OPS for n in upstream_nodes(producers, value))
-
     arguments: dict[str, set[str]] = {}
     for output in model.graph.output:
         for n in upstream_nodes(producers, output.name):
-            if n.op_type in ("Sin", "Cos") and approximated(n.input[0]):
+            if n.op_type in ("Sin", "Cos") and _approximated(producers, n.input[0]):
                 arguments.setdefault(n.input[0], set()).add(output.name)
     return arguments
 
@@ -148,9 +150,6 @@ def _uncompared_probes(model: onnx.ModelProto) -> dict[str, list[tuple[tuple, se
     types = _element_types(model)
     producers = {o: n for n in model.graph.node for o in n.output}
 
-    def approximated(value: str) -> bool:
-        return any(n.op_type not in EXACT_OPS for n in upstream_nodes(producers, value))
-
     rules: dict[str, dict[tuple, set[str]]] = {}
     for output in model.graph.output:
         for n in upstream_nodes(producers, output.name):
@@ -163,7 +162,7 @@ def _uncompared_probes(model: onnx.ModelProto) -> dict[str, list[tuple[tuple, se
                 rule = ("integer-sum", _INTEGER[types[n.output[0]]])
                 rules.setdefault(n.output[0], {}).setdefault(rule, set()).add(output.name)
             if (n.op_type in _COMPARISONS and types.get(n.input[0]) in _FLOAT_WIDTH
-                    and (approximated(n.input[0]) or approximated(n.input[1]))):
+                    and (_approximated(producers, n.input[0]) or _approximated(producers, n.input[1]))):
                 rule = ("approximate-compare", n.input[1], _FLOAT_WIDTH[types[n.input[0]]])
                 rules.setdefault(n.input[0], {}).setdefault(rule, set()).add(output.name)
     return {value: list(by_rule.items()) for value, by_rule in rules.items()}
