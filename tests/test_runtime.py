@@ -8,6 +8,7 @@ plain `SessionOptions.register_custom_ops_library`, against numpy.
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import subprocess
 import threading
@@ -288,21 +289,57 @@ def serial_marker():
     return te.create_prim_func([x, te.compute((n, 64), lambda i, j: x[i, j] * 3.0 + 1.0, name="Y")])
 
 
-@pytest.mark.parametrize("row_work, serial_runs", [(1 << 20, False), (1, True)])
-def test_calls_without_the_pool_run_the_serial_variant(tmp_path, row_work, serial_runs):
-    """A kernel with a serial variant: calls on onnxruntime's pool run the parallel kernel, calls
-    not worth the pool run `<name>_serial`, at every thread count; the table names both."""
+def twins_library(tmp_path, row_work=1 << 20):
+    """parallel_scale (Y = 3 X) with serial_marker (Y = 3 X + 1) as its serial twin: each result
+    says which of the two ran. Returns the model, the library and its kernel table's source."""
     obj = compile_object(parallel_scale(), "twins", tmp_path, twins_serial=serial_marker())
     twins = KernelSpec("twins", (TensorSpec("float32", ("n", 64)),), (TensorSpec("float32", ("n", 64)),), obj,
                        row_work=row_work, serial_variant=True)
-    assert f"__tvm_ffi_twins, NULL, 0, __tvm_ffi_twins_serial, {row_work}," in kernel_table_source([twins])
     library = build_library([twins], tmp_path / LIBRARY_NAME)
     model = write_model(tmp_path, "twins", "twins", [("x", F32, ["n", 64])], [("y", F32, None)])
+    return model, library, kernel_table_source([twins])
+
+
+@pytest.mark.parametrize("row_work, serial_runs", [(1 << 20, False), (1, True)])
+def test_calls_without_the_pool_run_the_serial_variant(tmp_path, row_work, serial_runs):
+    """A kernel with a serial variant: a node's first call, when worth the pool, runs the parallel
+    kernel through it; calls not worth the pool run `<name>_serial`, at every thread count; the
+    table names both."""
+    model, library, table = twins_library(tmp_path, row_work)
+    assert f"__tvm_ffi_twins, NULL, 0, __tvm_ffi_twins_serial, {row_work}," in table
     x = np.random.default_rng(5).standard_normal((40, 64), dtype=np.float32)
     for threads in (1, 2):
         for sess in sessions(model, library, threads):
             (y,) = sess.run(None, {"x": x})
             np.testing.assert_allclose(y, 3 * x + (1 if serial_runs else 0), rtol=1e-6)
+
+
+def ran_through_the_pool(sess, x) -> bool:
+    (y,) = sess.run(None, {"x": x})
+    through_pool = np.allclose(y, 3 * x, rtol=1e-6)
+    assert through_pool or np.allclose(y, 3 * x + 1, rtol=1e-6)
+    return through_pool
+
+
+def test_a_node_without_pool_threads_runs_the_serial_twin(tmp_path):
+    """At 1 thread onnxruntime has no pool: after its first 8 calls through it (probes, all run
+    on the calling thread) a node runs the serial twin, probing the pool again every 64th call."""
+    model, library, _ = twins_library(tmp_path)
+    x = np.random.default_rng(7).standard_normal((40, 64), dtype=np.float32)
+    for sess in sessions(model, library, threads=1):
+        paths = [ran_through_the_pool(sess, x) for _ in range(70)]
+        assert paths == [call < 8 or call == 64 for call in range(70)]
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the kernel splits its loop in one task per CPU")
+def test_a_node_whose_pool_runs_its_tasks_keeps_using_the_pool(tmp_path):
+    """At 2 threads onnxruntime's spinning worker takes one of the tasks of the first calls, and
+    from then on every call goes through the pool (an 8 MB batch: each task takes long enough for
+    a sleeping worker to wake)."""
+    model, library, _ = twins_library(tmp_path)
+    x = np.random.default_rng(8).standard_normal((32768, 64), dtype=np.float32)
+    for sess in sessions(model, library, threads=2):
+        assert all(ran_through_the_pool(sess, x) for _ in range(24))
 
 
 # ---- Constant inputs: checked once, read every call ----------------------------------------------

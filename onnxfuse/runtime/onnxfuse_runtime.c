@@ -159,6 +159,8 @@ typedef struct {
 static _Thread_local kernel_error last_error;
 /* The kernel context of the call running on this thread: where parallel loops go. */
 static _Thread_local const OrtKernelContext *current_context;
+/* Set when a parallel launch of this thread's call ran a task on another thread. */
+static _Thread_local int launch_left_caller;
 
 static void set_error(OrtErrorCode code, const char *message) {
     last_error.code = code;
@@ -222,11 +224,14 @@ static int64_t total_rank(const tensor_desc *tensors, int32_t count) {
  * the session's lifetime (custom ops cannot pre-pack, the one way onnxruntime swaps a buffer).
  * An input qualifies only if every dim of it is static in the table (its shape is then the
  * table's) and it passes the check; one that fails is left to the per-call check, which
- * reports it as before. Nothing here changes after creation, so calls may run concurrently. */
+ * reports it as before. Only the two pool counters below change after creation, atomically, so
+ * calls may run concurrently. */
 typedef struct {
     const kernel_desc *kernel;
     size_t frame_bytes;       /* what one call's frame takes */
     void **constant_data;     /* per input: a checked constant's data, else NULL */
+    int pool_threads_seen;    /* atomic: a task of this node ran on a thread of onnxruntime's pool */
+    unsigned long pool_probes; /* atomic: calls worth the pool made before one was seen */
 } kernel_instance;
 
 static OrtStatus *read_input(const kernel_desc *k, int32_t index, const OrtValue *value, int64_t *dims);
@@ -429,7 +434,24 @@ static tvm_kernel_fn variant_for(const kernel_desc *k, int64_t batch, int on_poo
     return !on_pool && k->serial_fn ? k->serial_fn : k->fn;
 }
 
-static OrtStatus *call_kernel(const kernel_desc *k, const OrtKernelContext *ctx, call_frame *frame) {
+/* Whether onnxruntime's pool has a thread besides the caller. The custom-op API does not say: a
+ * session at 1 thread has no pool, and KernelContext_ParallelFor then runs every task in order on
+ * the calling thread, where the parallel kernel is slower than its serial twin (the LSTM and GRU
+ * cells at batch 64: 3-4%). So each node finds out: its first PROBE_FIRST calls worth the pool go
+ * through it, and once a task runs on another thread every such call does. Until then they run
+ * inline, through the serial twin where there is one, and every PROBE_EVERY-th goes through the
+ * pool again, so a pool whose threads were too slow to wake for the first calls is still found. */
+#define PROBE_FIRST 8
+#define PROBE_EVERY 64
+
+static int through_the_pool(kernel_instance *instance) {
+    if (__atomic_load_n(&instance->pool_threads_seen, __ATOMIC_RELAXED)) return 1;
+    unsigned long probe = __atomic_fetch_add(&instance->pool_probes, 1, __ATOMIC_RELAXED);
+    return probe < PROBE_FIRST || probe % PROBE_EVERY == 0;
+}
+
+static OrtStatus *call_kernel(kernel_instance *instance, const OrtKernelContext *ctx, call_frame *frame) {
+    const kernel_desc *k = instance->kernel;
     int32_t count = k->num_inputs + k->num_outputs;
     for (int32_t i = 0; i < count; i++) {
         frame->args[i].type_index = kTVMFFIDLTensorPtr;
@@ -439,10 +461,12 @@ static OrtStatus *call_kernel(const kernel_desc *k, const OrtKernelContext *ctx,
     last_error.message[0] = '\0';
     const OrtKernelContext *outer = current_context;
     int64_t batch = symbolic_batch(k, frame);
-    int on_pool = worth_the_pool(k, batch);
+    int on_pool = worth_the_pool(k, batch) && through_the_pool(instance);
     current_context = on_pool ? ctx : NULL; /* NULL: parallel loops run inline */
+    launch_left_caller = 0;
     int rc = variant_for(k, batch, on_pool)(NULL, frame->args, count, &result);
     current_context = outer;
+    if (launch_left_caller) __atomic_store_n(&instance->pool_threads_seen, 1, __ATOMIC_RELAXED);
     if (rc == 0) return NULL;
     if (!last_error.message[0]) return fail(ORT_FAIL, k, "kernel failed (returned %d) without a message", rc);
     return fail(last_error.code, k, "%s", last_error.message);
@@ -492,7 +516,7 @@ static void unstage(const kernel_desc *k, call_frame *frame, int copy_outputs) {
 }
 
 static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
-    const kernel_instance *instance = kernel;
+    kernel_instance *instance = kernel;
     const kernel_desc *k = instance->kernel;
     _Alignas(16) char on_stack[FRAME_STACK_BYTES];
     char *block = instance->frame_bytes <= sizeof on_stack ? on_stack : malloc(instance->frame_bytes);
@@ -503,7 +527,7 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
     if (!status) status = bind_outputs(k, ctx, &frame);
     if (!status) {
         status = stage_unaligned(k, &frame);
-        if (!status) status = call_kernel(k, ctx, &frame);
+        if (!status) status = call_kernel(instance, ctx, &frame);
         unstage(k, &frame, status == NULL);
     }
     if (block != on_stack) free(block);
@@ -671,6 +695,8 @@ typedef struct {
     TVMParallelGroupEnv env;
     int failed; /* atomic: the first failing task records its error */
     kernel_error error;
+    pthread_t caller;
+    int left_caller; /* atomic: a task ran on another thread than the caller */
 } parallel_job;
 
 static void run_task(void *user, size_t task_id) {
@@ -680,6 +706,7 @@ static void run_task(void *user, size_t task_id) {
     last_error.message[0] = '\0';
     int rc = job->lambda((int)task_id, &job->env, job->cdata);
     current_context = outer;
+    if (!pthread_equal(pthread_self(), job->caller)) __atomic_store_n(&job->left_caller, 1, __ATOMIC_RELAXED);
     int expected = 0;
     if (rc != 0 && __atomic_compare_exchange_n(&job->failed, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
         job->error = last_error;
@@ -688,7 +715,7 @@ static void run_task(void *user, size_t task_id) {
 }
 
 static int parallel_launch(FTVMParallelLambda lambda, void *cdata, int num_task) {
-    parallel_job job = {.lambda = lambda, .cdata = cdata};
+    parallel_job job = {.lambda = lambda, .cdata = cdata, .caller = pthread_self()};
     job.env.num_task = num_task > 0 ? num_task : default_num_tasks;
     const OrtKernelContext *ctx = current_context;
     if (ctx) {
@@ -698,6 +725,7 @@ static int parallel_launch(FTVMParallelLambda lambda, void *cdata, int num_task)
             ORT_API_FN(ort, ReleaseStatus)(status);
             return -1;
         }
+        if (__atomic_load_n(&job.left_caller, __ATOMIC_RELAXED)) launch_left_caller = 1;
     } else {
         for (int32_t t = 0; t < job.env.num_task && !__atomic_load_n(&job.failed, __ATOMIC_ACQUIRE); t++) run_task(&job, (size_t)t);
     }
