@@ -41,6 +41,7 @@ from . import (
     schedule,
     sigmoid_clamp,
     spill_guard,
+    stack_realign,
     tail_loops,
     vector_intrinsics,  # noqa: F401 - imported for its effect: isnan and nearbyint vectorize
     whole_index_checks,
@@ -161,7 +162,7 @@ def build_object(level_funcs: list, name: str, target: Target, out_dir: pathlib.
             return build_module(funcs, target.tvm_target(level, options))
         built = (spill_guard.fewer_spills(with_options, llvm_options, target.arch) if register_tiled
                  else with_options(llvm_options))
-        built.mod.write_to_file(str(part))
+        stack_realign.write_object(built, part, target.arch)
 
     def in_parent() -> None:
         build(*level_funcs[0], parts[0])
