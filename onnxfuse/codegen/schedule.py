@@ -39,7 +39,7 @@ import tvm_ffi
 from tvm import s_tir
 
 from ..errors import short_reason
-from . import concat_blocks, gemm_shapes, ieee_order, tir_walk, tree_schedule
+from . import concat_blocks, fold_rows, gemm_shapes, ieee_order, tir_walk, tree_schedule
 from .register_file import AVX512, RegisterFile
 
 TILE_ELEMENTS = 8192  # elements of the widest intermediate row block kept per tile
@@ -66,6 +66,7 @@ class ScheduleStats:
     parallel: bool = False
     tile_rows: int = 0
     symbolic_rows: bool = False  # the row-tile loop runs over a symbolic (batch) extent
+    folded_rows: bool = False  # [batch, seq, ...] tiled as batch x seq rows (fold_rows)
     gather_chain: bool = False  # a tree walk: each level one loop (tree_schedule.fuse_level_loops)
     row_work: int = 0  # innermost iterations per unit of the symbolic dims (see row_work)
     materialized: int = 0  # blocks left after inlining: each computes its value once per tile
@@ -812,6 +813,9 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     registers: the target's vector registers, which size the GEMM register tile and every vector
     loop (register_file)."""
     stats = ScheduleStats()
+    folded = fold_rows.fold_leading_dims(func)
+    stats.folded_rows = folded is not func
+    func = folded
     func = simplify(concat_blocks.split_by_source(func, lambda dtype: _lanes(dtype, registers)))
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     stats.blocks = len(_blocks(sch))
