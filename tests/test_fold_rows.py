@@ -96,6 +96,17 @@ def test_groups_whose_rows_move_do_not_fold(build):
     assert fold_rows.fold_leading_dims(func) is func
 
 
+def test_a_fold_tvm_refuses_leaves_the_group_as_it_was():
+    """A row sum kept as [batch, seq, 1]: its blocks bind the unit axis to a constant, which
+    transform_block_layout refuses; the group keeps its unfolded schedule (row reductions and all)."""
+    nodes = [h.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)]
+    model = make_model(nodes, [f32("x", ["batch", "seq", 64])], [f32("y", ["batch", "seq", 1])],
+                       {"axes": np.array([-1], np.int64)})
+    func = _prim_func(model)
+    assert fold_rows.leading_dims(func) is not None
+    assert fold_rows.fold_leading_dims(func) is func
+
+
 def test_two_dimensional_groups_are_left_alone():
     nodes = [h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Add", ["b", "m"], ["y"])]
     func = _prim_func(make_model(nodes, [f32("x", ["n", 64])], [f32("y", ["n", 64])], _weights(64, 64)))
