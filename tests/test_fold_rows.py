@@ -107,6 +107,15 @@ def test_a_fold_tvm_refuses_leaves_the_group_as_it_was():
     assert fold_rows.fold_leading_dims(func) is func
 
 
+def test_a_static_seq_is_not_folded():
+    """[N, 8, 64]: the runtime's small-batch variant is chosen by N, the product of the symbolic
+    dims; folded, N = 1 would mean 8 rows run in 1-row tiles."""
+    nodes = [h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Add", ["b", "m"], ["y"])]
+    func = _prim_func(make_model(nodes, [f32("x", ["n", 8, 64])], [f32("y", ["n", 8, 64])], _weights(64, 64)))
+    assert fold_rows.leading_dims(func) is None
+    assert fold_rows.fold_leading_dims(func) is func
+
+
 def test_two_dimensional_groups_are_left_alone():
     nodes = [h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Add", ["b", "m"], ["y"])]
     func = _prim_func(make_model(nodes, [f32("x", ["n", 64])], [f32("y", ["n", 64])], _weights(64, 64)))

@@ -17,8 +17,11 @@ A group is folded only when each of its blocks iterates first over exactly the t
 of its first output, and each buffer access either indexes a buffer's own two leading dims by
 (b, s) themselves or does not depend on b and s at all (weights, biases). Anything else (a
 Reshape that splits the hidden axis reads through flattened index arithmetic, a Transpose, a
-reduction over seq) leaves the group as it was. Only groups with a symbolic leading dim are
-folded: they are the ones whose row count is the batch the runtime tiles.
+reduction over seq) leaves the group as it was. Only groups whose two leading dims are both
+symbolic are folded: the runtime picks a kernel's small-batch variant (1-row tiles, for fewer than 8 rows) by the product
+of its symbolic dims, which is then the row count. Folding `[N, 8, 64]` (transformer_mlp) made
+that product 1 at batch 1 for 8 rows, and its GEMMs ran 1-row tiles: 1.08x onnxruntime where
+the unfolded kernel (8 static rows per N) ran 1.35x.
 """
 
 from __future__ import annotations
@@ -137,7 +140,7 @@ def leading_dims(func: tvm.tirx.PrimFunc) -> tuple | None:
     if shape is None or len(shape) < 3:
         return None
     leading = shape[:2]
-    if all(isinstance(getattr(d, "value", None), int) for d in leading):
+    if any(isinstance(getattr(d, "value", None), int) for d in leading):
         return None
     blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
     if not blocks or not all(_foldable_block(sch.get(block), leading) for block in blocks):
