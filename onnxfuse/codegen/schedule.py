@@ -167,6 +167,24 @@ def _cheap_gemm_epilogue(sch, block_rv) -> bool:
                for p in sch.get_producers(block_rv))
 
 
+REREAD_COPIES = 2  # a Relu's select(x < 0, 0, x) reads x twice
+
+
+def _cheap_reread_of_inputs(sch, block_rv, copies: int) -> bool:
+    """A few operations on the kernel's own inputs (a residual Add), read at most twice (by a
+    Relu's select): inlined, since LLVM computes the copies once, and a block that reads only
+    inputs starts no chain along which copies could multiply. Materialised, the residual Add +
+    Relu after a Conv (conv_block, [1000, 16, 16, 16]) wrote and re-read a whole tile: its
+    kernel took 4.6 ms where onnxruntime's Add and Relu took 3.6 ms together."""
+    block = sch.get(block_rv)
+    value = getattr(block.body, "value", None)
+    if copies > REREAD_COPIES or value is None or block.init is not None \
+            or tir_walk.expr_size(value) > CHEAP_EPILOGUE_NODES:
+        return False
+    inputs = {param.name for param in sch.mod["main"].params}
+    return all(load.source.name in inputs for load in tir_walk.iter_loads(value))
+
+
 def inline_cheap_producers(sch, stats: ScheduleStats, max_duplication: int = 1) -> None:
     """Inlines producers whose expression would be re-emitted at most `max_duplication` times,
     and pure index copies (reshape/split/slice: duplicating them duplicates index math only).
@@ -187,7 +205,7 @@ def inline_cheap_producers(sch, stats: ScheduleStats, max_duplication: int = 1) 
             if copies is None:
                 continue
             if (copies > max_duplication and not tir_walk.is_index_copy(sch.get(block_rv))
-                    and not _cheap_gemm_epilogue(sch, block_rv)):
+                    and not _cheap_gemm_epilogue(sch, block_rv) and not _cheap_reread_of_inputs(sch, block_rv, copies)):
                 continue
             name = sch.get(block_rv).name_hint
             index_copy = tir_walk.is_index_copy(sch.get(block_rv))
