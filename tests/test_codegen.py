@@ -145,14 +145,17 @@ def check_against_ort(cg: CompiledGroup, model, feeds):
             np.testing.assert_array_equal(g, e)
 
 
-def random_feeds(model, batch=3, seed=0):
+def random_feeds(model, batch=3, seed=0, dims=None):
+    """Normal float32 feeds; a symbolic dim takes its value in `dims` (by name), else `batch`."""
     rng = np.random.default_rng(seed)
     initializers = {i.name for i in model.graph.initializer}
+    named = dims or {}
     feeds = {}
     for inp in model.graph.input:
         if inp.name in initializers:
             continue
-        dims = [d.dim_value if d.HasField("dim_value") else batch for d in inp.type.tensor_type.shape.dim]
+        dims = [d.dim_value if d.HasField("dim_value") else named.get(d.dim_param, batch)
+                for d in inp.type.tensor_type.shape.dim]
         feeds[inp.name] = rng.standard_normal(dims).astype(np.float32)
     return feeds
 

@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import helper as h
-from test_codegen import check_against_ort, f32, make_model
+from test_codegen import check_against_ort, f32, make_model, random_feeds
 
 from onnxfuse.codegen import fold_rows, relax_import
 from onnxfuse.codegen.compile import compile_group
@@ -70,16 +70,8 @@ def _prim_func(model):
     return relax_import.import_group(model, "k").prim_func
 
 
-def _feeds(model, batch, seq, seed=1):
-    rng = np.random.default_rng(seed)
-    initializers = {i.name for i in model.graph.initializer}
-    feeds = {}
-    for inp in model.graph.input:
-        if inp.name in initializers:
-            continue
-        dims = [{"batch": batch, "seq": seq}.get(d.dim_param, d.dim_value) for d in inp.type.tensor_type.shape.dim]
-        feeds[inp.name] = rng.standard_normal(dims).astype(np.float32)
-    return feeds
+def _feeds(model, batch, seq):
+    return random_feeds(model, seed=1, dims={"batch": batch, "seq": seq})
 
 
 @pytest.mark.parametrize("build", [linear_residual, linear_heads, linear_gelu])
