@@ -15,7 +15,7 @@ from onnx_builder import model, node
 from tvm import tirx
 
 from onnxfuse import optimize
-from onnxfuse.codegen import ieee_order, relax_import, schedule
+from onnxfuse.codegen import ieee_order, relax_import
 from onnxfuse.session import InferenceSession
 
 F32 = np.float32
@@ -92,11 +92,11 @@ def test_float_expressions_keep_ieee_order(tmp_path, case):
 
 def test_integer_index_arithmetic_is_still_simplified():
     """The fences keep the simplifier off float values only: a reshape's index `v_i1 // 32 + v_i0`
-    must still become `v_i0` (schedule.simplify: compute_at cannot bound a tile otherwise)."""
+    must still become `v_i0` (ieee_order.simplify: compute_at cannot bound a tile otherwise)."""
     m = model([node("Reshape", ["x", "shape"], "r"), node("Sub", ["r", "r"], "d"), node("Add", ["d", "r"], "y")],
               {"x": ("N", 4, 8)}, {"y": ("N", 32)}, {"shape": np.array([-1, 32], np.int64)}, opset=18)
     func = relax_import.import_group(m, "k").prim_func
-    before, after = func.script(), schedule.simplify(func).script()
+    before, after = func.script(), ieee_order.simplify(func).script()
     assert "x[v_i1 // T.int64(32) + v_i0," in before
     assert "x[v_i0, v_i1 // T.int64(8), v_i1 % T.int64(8)]" in after
     assert "T_reshape_intermediate[v_ax0, v_ax1] - T_reshape_intermediate[v_ax0, v_ax1]" in after

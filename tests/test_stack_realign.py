@@ -62,6 +62,8 @@ def test_only_x86_code_with_vector_spills_is_rebuilt():
     assert stack_realign.needs_realignment(spilling, "x86_64")
     assert not stack_realign.needs_realignment(spilling, "aarch64")
     assert not stack_realign.needs_realignment(_Built("\tvfmadd231ps\t%zmm0, %zmm1, %zmm2\n"), "x86_64")
+    assert not stack_realign.needs_realignment(spilling, "x86_64", spills=0)  # a known count is trusted
+    assert stack_realign.needs_realignment(_Built(""), "x86_64", spills=3)
 
 
 def gemm_residual(k=128, n=64):

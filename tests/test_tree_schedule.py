@@ -15,7 +15,7 @@ from onnx import numpy_helper as nh
 from tvm import s_tir
 
 import onnxfuse
-from onnxfuse.codegen import relax_import, schedule, tir_walk, tree_schedule
+from onnxfuse.codegen import ieee_order, relax_import, schedule, tir_walk, tree_schedule
 from onnxfuse.codegen.compile import compile_group, llvm_options
 from onnxfuse.frontend.loader import load_model
 from onnxfuse.fusion.extract import extract_group
@@ -40,7 +40,7 @@ def _only_group_model(path) -> onnx.ModelProto:
 def _inlined_schedule_of(model: onnx.ModelProto):
     """The group's schedule after inlining, where schedule_group asks is_gather_chain."""
     func = relax_import.import_group(model, "k").prim_func
-    sch = s_tir.Schedule(tvm.IRModule({"main": schedule.simplify(func)}))
+    sch = s_tir.Schedule(tvm.IRModule({"main": ieee_order.simplify(func)}))
     schedule.inline_cheap_producers(sch, schedule.ScheduleStats())
     return sch
 
@@ -74,7 +74,7 @@ def test_each_level_becomes_one_loop(name):
     func = relax_import.import_group(model, "k").prim_func
 
     def loops_under_tile(fuse: bool) -> tuple[int, frozenset]:
-        sch = s_tir.Schedule(tvm.IRModule({"main": schedule.simplify(func)}))
+        sch = s_tir.Schedule(tvm.IRModule({"main": ieee_order.simplify(func)}))
         stats = schedule.ScheduleStats()
         schedule.inline_cheap_producers(sch, stats)
         schedule.separate_read_outputs(sch, stats)
@@ -122,7 +122,7 @@ def test_level_loops_of_a_row_tile_run_rows_then_trees(name):
     """With several rows per tile, a level's flat rows x trees loop is split into a row loop of
     the tile's rows and a tree loop of the forest's trees."""
     model = _only_group_model(MODELS / f"{name}.onnx")
-    sch = s_tir.Schedule(tvm.IRModule({"main": schedule.simplify(relax_import.import_group(model, "k").prim_func)}))
+    sch = s_tir.Schedule(tvm.IRModule({"main": ieee_order.simplify(relax_import.import_group(model, "k").prim_func)}))
     stats = schedule.ScheduleStats()
     schedule.inline_cheap_producers(sch, stats)
     schedule.separate_read_outputs(sch, stats)

@@ -160,9 +160,9 @@ def build_object(level_funcs: list, name: str, target: Target, out_dir: pathlib.
         funcs = funcs() if callable(funcs) else funcs
         def with_options(options):
             return build_module(funcs, target.tvm_target(level, options))
-        built = (spill_guard.fewer_spills(with_options, llvm_options, target.arch) if register_tiled
-                 else with_options(llvm_options))
-        stack_realign.write_object(built, part, target.arch)
+        built, spills = (spill_guard.fewer_spills(with_options, llvm_options, target.arch) if register_tiled
+                         else (with_options(llvm_options), None))
+        stack_realign.write_object(built, part, target.arch, spills)
 
     def in_parent() -> None:
         build(*level_funcs[0], parts[0])

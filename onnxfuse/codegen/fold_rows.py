@@ -18,10 +18,10 @@ of its first output, and each buffer access either indexes a buffer's own two le
 (b, s) themselves or does not depend on b and s at all (weights, biases). Anything else (a
 Reshape that splits the hidden axis reads through flattened index arithmetic, a Transpose, a
 reduction over seq) leaves the group as it was. Only groups whose two leading dims are both
-symbolic are folded: the runtime picks a kernel's small-batch variant (1-row tiles, for fewer than 8 rows) by the product
-of its symbolic dims, which is then the row count. Folding `[N, 8, 64]` (transformer_mlp) made
-that product 1 at batch 1 for 8 rows, and its GEMMs ran 1-row tiles: 1.08x onnxruntime where
-the unfolded kernel (8 static rows per N) ran 1.35x.
+symbolic are folded: the runtime picks a kernel's small-batch variant (1-row tiles, for fewer
+than 8 rows) by the product of its symbolic dims, which is then the row count. Folding
+`[N, 8, 64]` (transformer_mlp) made that product 1 at batch 1 for 8 rows, and its GEMMs ran
+1-row tiles: 1.08x onnxruntime where the unfolded kernel (8 static rows per N) ran 1.35x.
 """
 
 from __future__ import annotations
@@ -97,17 +97,12 @@ def _quotient_and_rest(expr, divisor):
     return quotient, rest
 
 
-def _simplified(func):
-    """TVM's simplifier on index arithmetic only (float values keep their order: ieee_order)."""
-    return ieee_order.simplify_indices(tvm.IRModule({"main": func}), s_tir.transform.StmtSimplify())["main"]
-
-
 def exact_row_indices(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """`func` with `(q * d + v) // d` written q and `(q * d + v) % d` written v, for every block
     iteration variable v over [0, d) and symbolic d. TVM's simplifier cannot bound v by a symbolic
     extent, so a Reshape that splits the hidden axis ([batch, seq, 64] -> [batch, seq, 4, 16])
     read its source at [b + s // seq, (b * seq + s) % seq, ...] rather than at [b, s, ...]."""
-    func = _simplified(func)  # first (v2 * 16 + v3) // 64 becomes 0: (b * seq + s) // seq is left
+    func = ieee_order.simplify(func)  # first (v2 * 16 + v3) // 64 becomes 0: (b * seq + s) // seq is left
     extents = {}
 
     def collect(block):
@@ -130,12 +125,15 @@ def exact_row_indices(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
         return total
 
     body = tvm_ffi.structural_map(func.body, [(tirx.FloorDiv, rewrite), (tirx.FloorMod, rewrite)], order="post")
-    return _simplified(func.with_body(body))
+    return ieee_order.simplify(func.with_body(body))
 
 
 def leading_dims(func: tvm.tirx.PrimFunc) -> tuple | None:
     """(batch, seq) when `func` can be folded over its first output's two leading dims, else None."""
-    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    return _leading_dims(s_tir.Schedule(tvm.IRModule({"main": func})))
+
+
+def _leading_dims(sch) -> tuple | None:
     shape = _sink_shape(sch)
     if shape is None or len(shape) < 3:
         return None
@@ -151,21 +149,19 @@ def leading_dims(func: tvm.tirx.PrimFunc) -> tuple | None:
 def fold_leading_dims(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """`func` with its two leading dims folded into one row axis (module doc), or `func` itself
     when it does not qualify."""
-    original = func
-    func = exact_row_indices(func)
-    leading = leading_dims(func)
+    sch = s_tir.Schedule(tvm.IRModule({"main": exact_row_indices(func)}))
+    leading = _leading_dims(sch)
     if leading is None:
-        return original
+        return func
     try:
-        return _folded(func, leading)
+        return _folded(sch, leading)
     except Exception:  # noqa: BLE001 - TVM refuses with several error types (e.g. a block axis of
-        return original  # extent 1 bound to a constant, which transform_block_layout does not take)
+        return func  # extent 1 bound to a constant, which transform_block_layout does not take)
 
 
-def _folded(func: tvm.tirx.PrimFunc, leading) -> tvm.tirx.PrimFunc:
+def _folded(sch, leading) -> tvm.tirx.PrimFunc:
     seq = leading[1]
-    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
-    params = {p.name for p in func.params}
+    params = {p.name for p in sch.mod["main"].params}
     blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
     for block in blocks:
         for index, region in enumerate(sch.get(block).writes):

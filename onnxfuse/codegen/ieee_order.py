@@ -1,7 +1,7 @@
 """Keeps TVM's arithmetic simplifier off floating-point values, so a kernel computes every float
 expression in the order the model wrote it (IEEE semantics, as onnxruntime does).
 
-Why: TVM's simplifier (the `StmtSimplify` passes, ours in schedule.simplify and the two in
+Why: TVM's simplifier (the `StmtSimplify` passes, ours in simplify() below and the two in
 `tvm.compile`'s default TIR pipeline) applies ring identities to expressions of every type. On
 floats they are wrong: `(a + b) - b` became `a` (1 where onnxruntime gives 0 for a = 1,
 b = 1e8), `x - x` and `x * 0` became 0 (NaN for NaN or ±inf), `a - (b + a)` became `-b` (-3e38
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import tvm
 import tvm_ffi
-from tvm import tirx
+from tvm import s_tir, tirx
 
 from . import tir_walk
 
@@ -142,3 +142,8 @@ def simplify_indices(mod: tvm.IRModule, simplify_pass) -> tvm.IRModule:
     fenced = tvm.IRModule({gv: fence(f) for gv, f in mod.functions_items()})
     simplified = simplify_pass(fenced)
     return tvm.IRModule({gv: unfence(f) for gv, f in simplified.functions_items()})
+
+
+def simplify(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """`func` through TVM's StmtSimplify on index arithmetic only: float values keep their order."""
+    return simplify_indices(tvm.IRModule({"main": func}), s_tir.transform.StmtSimplify())["main"]

@@ -814,12 +814,6 @@ def schedule_loop_nests(sch, stats: ScheduleStats, registers: RegisterFile, done
 # ---------------------------------------------------------------- entry point
 
 
-def simplify(func):
-    """TVM's simplifier on index arithmetic only: float values keep their order (ieee_order)."""
-    mod = ieee_order.simplify_indices(tvm.IRModule({"main": func}), s_tir.transform.StmtSimplify())
-    return mod["main"]
-
-
 def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEFAULT_MAX_DUPLICATION,
                    small_batch: bool = False, registers: RegisterFile = AVX512) -> tuple[tvm.tirx.PrimFunc, ScheduleStats]:
     """Schedules the fused PrimFunc for CPU; never fails on a refused step (see module doc).
@@ -834,7 +828,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     folded = fold_rows.fold_leading_dims(func)
     stats.folded_rows = folded is not func
     func = folded
-    func = simplify(concat_blocks.split_by_source(func, lambda dtype: _lanes(dtype, registers)))
+    func = ieee_order.simplify(concat_blocks.split_by_source(func, lambda dtype: _lanes(dtype, registers)))
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     stats.blocks = len(_blocks(sch))
     stats.row_work = row_work(sch)

@@ -32,14 +32,16 @@ def vector_spills(assembly: str, arch: str) -> int:
 
 
 def fewer_spills(build: Callable[[tuple[str, ...]], object], options: tuple[str, ...], arch: str):
-    """`build(options)`, or `build(options + RETRY_OPTIONS[arch])` if that spills at most half as
-    many vector registers. `build` returns what tvm.compile does."""
+    """(built, its vector spills): `build(options)`, or `build(options + RETRY_OPTIONS[arch])` if
+    that spills at most half as many vector registers. `build` returns what tvm.compile does; the
+    count is passed on so that stack_realign need not ask LLVM for the assembly again."""
     first = build(options)
     retry = RETRY_OPTIONS.get(arch)
     if not retry:
-        return first
+        return first, None
     spills = vector_spills(first.mod.inspect_source("asm"), arch)
     if spills == 0:
-        return first
+        return first, spills
     second = build(options + retry)
-    return second if 2 * vector_spills(second.mod.inspect_source("asm"), arch) <= spills else first
+    second_spills = vector_spills(second.mod.inspect_source("asm"), arch)
+    return (second, second_spills) if 2 * second_spills <= spills else (first, spills)

@@ -42,14 +42,20 @@ def with_stackrealign(llvm_ir: str) -> str:
                                     if ATTRIBUTE not in m.group(2) else m.group(0), llvm_ir)
 
 
-def needs_realignment(built, arch: str) -> bool:
-    """Whether `built` (what tvm.compile returns) is x86-64 code that spills vector registers."""
-    return arch == "x86_64" and spill_guard.vector_spills(built.mod.inspect_source("asm"), arch) > 0
+def needs_realignment(built, arch: str, spills: int | None = None) -> bool:
+    """Whether `built` (what tvm.compile returns) is x86-64 code that spills vector registers;
+    `spills` is their count when the caller has it (spill_guard.fewer_spills), else it is counted."""
+    if arch != "x86_64":
+        return False
+    if spills is None:
+        spills = spill_guard.vector_spills(built.mod.inspect_source("asm"), arch)
+    return spills > 0
 
 
-def write_object(built, path: pathlib.Path, arch: str) -> None:
-    """`built`'s object file at `path`, rebuilt with realigned frames if it spills vector registers."""
-    if not needs_realignment(built, arch):
+def write_object(built, path: pathlib.Path, arch: str, spills: int | None = None) -> None:
+    """`built`'s object file at `path`, rebuilt with realigned frames if it spills vector registers
+    (`spills`: their count, if known)."""
+    if not needs_realignment(built, arch, spills):
         built.mod.write_to_file(str(path))
         return
     with tempfile.TemporaryDirectory(prefix="onnxfuse-realign-") as work:
