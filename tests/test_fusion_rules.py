@@ -103,12 +103,15 @@ def test_two_anchors_meeting_at_an_elementwise_sink_share_a_group():
 
 
 def test_anchor_chain_does_not_merge_two_matmuls_in_sequence():
+    """TVM's phases keep anchors in sequence apart; by constant weights they are a GEMM chain,
+    joined after the phases (test_row_prologues.py)."""
     m = model(
         [node("MatMul", ["x", "w1"], "m1"), node("Relu", ["m1"], "r"),
          node("MatMul", ["r", "w2"], "m2"), node("Relu", ["m2"], "y")],
         X, {"y": (4, 8)}, {"w1": weights(8, 8), "w2": weights(8, 8)},
     )
-    assert groups(m) == [{"m1", "r"}, {"m2", "y"}]
+    assert groups(m, gemm_chains=False) == [{"m1", "r"}, {"m2", "y"}]
+    assert groups(m) == [{"m1", "r", "m2", "y"}]
 
 
 def test_bias_add_is_an_elementwise_edge_for_the_anchor():
@@ -247,8 +250,9 @@ def test_row_reduction_stops_at_an_anchor():
          node("MatMul", ["d", "w"], "y")],
         X, {"y": (4, 3)}, {"axes": const_i64(1), "w": weights(8, 3)}, opset=18,
     )
-    assert {"mu", "d"} in groups(m)
-    assert not any("y" in g and "mu" in g for g in groups(m))
+    assert {"mu", "d"} in groups(m, row_prologues=False)
+    assert not any("y" in g and "mu" in g for g in groups(m, row_prologues=False))
+    assert groups(m) == [{"mu", "d", "y"}]  # after both phases, as a row prologue (test_row_prologues.py)
 
 
 def test_injective_chain_into_a_reduction():
@@ -446,10 +450,11 @@ def test_state_read_joins_only_an_anchored_group_that_reads_it():
 
 def test_gemm_between_an_anchor_and_its_post_dominator_joins_it():
     """GRU with linear_before_reset=0: W_hn (r * h) lies inside the cell. Without the rule the
-    cell falls into four groups."""
+    cell falls into four groups (three when r * h joins W_hn as its row prologue)."""
     m, cell = gru_cell(linear_before_reset=0)
     assert groups(m) == [cell]
-    assert len(groups(m, enclosed_gemms=False)) == 4
+    assert len(groups(m, enclosed_gemms=False, row_prologues=False)) == 4
+    assert len(groups(m, enclosed_gemms=False)) == 3
 
 
 def test_gemm_by_weights_computed_at_run_time_is_not_enclosed():
@@ -468,22 +473,25 @@ def helper_tensor(name, dims):
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
 
 
-def test_anchor_whose_post_dominator_is_a_gemm_stays_apart_from_it():
-    """Anchors in sequence (an MLP) stay apart even when the second GEMM is row-local."""
+def test_anchor_whose_post_dominator_is_a_gemm_by_run_time_weights_stays_apart_from_it():
+    """Anchors in sequence join as a GEMM chain only when the second GEMM is row-local: by
+    run-time weights it may mix rows."""
     m = model(
         [node("MatMul", ["x", "w1"], "m1"), node("Relu", ["m1"], "r"),
          node("MatMul", ["r", "w2"], "m2"), node("Relu", ["m2"], "y")],
-        X, {"y": (4, 8)}, {"w1": weights(8, 8), "w2": weights(8, 8)},
+        {**X, "w2": (8, 8)}, {"y": (4, 8)}, {"w1": weights(8, 8)},
     )
     assert groups(m) == [{"m1", "r"}, {"m2", "y"}]
 
 
-def test_gemms_enclosed_by_a_layernorm_stay_apart():
+def test_gemms_enclosed_by_a_layernorm_stay_apart_from_it():
     """LayerNorm → FFN → residual Add: the LayerNorm's post-dominator lies past both GEMMs, but
-    only a GEMM encloses GEMMs (one kernel for a whole FFN block is unmeasured)."""
+    only a GEMM encloses GEMMs. The FFN is one GEMM chain (test_row_prologues.py); the LayerNorm,
+    read by the residual Add as well, is no prologue of it."""
     m = model(
         [node("LayerNormalization", ["x", "g", "b"], "ln", axis=-1), node("MatMul", ["ln", "w1"], "m1"),
          node("Relu", ["m1"], "r"), node("MatMul", ["r", "w2"], "m2"), node("Add", ["m2", "ln"], "y")],
         X, {"y": (4, 8)}, {"g": weights(8), "b": weights(8), "w1": weights(8, 16), "w2": weights(16, 8)},
     )
-    assert groups(m) == [{"m1", "r"}, {"m2", "y"}]
+    assert groups(m, gemm_chains=False) == [{"m1", "r"}, {"m2", "y"}]
+    assert groups(m) == [{"m1", "r", "m2", "y"}]

@@ -18,13 +18,20 @@ Beyond TVM (each switchable in `FusionOptions`):
   its input only) that lies *between* another such GEMM and that GEMM's post-dominator joins
   their group (a GRU cell's W_hn (r * h) with linear_before_reset=0; the steps of an unrolled
   cell loop). Anchors in sequence, where the later one is the post-dominator itself (an MLP),
-  still stay apart as in TVM, and so does a transformer's LayerNorm → FFN → residual Add (its
-  enclosing anchor is a LayerNorm: one kernel for it is unmeasured);
+  stay apart in the phases as in TVM (GEMM chains below join them), and so does a
+  transformer's LayerNorm → FFN → residual Add (its enclosing anchor is a LayerNorm);
 - injective into reduce: injective chains may end in a reduction (a tree ensemble's leaf gather
   feeding its mean over trees);
 - row reductions: a reduction that keeps the batch axis takes its elementwise and broadcast
   consumers up to its post-dominator, and the row reductions on the way, so a LayerNorm or a
-  softmax written as plain ops is one group (TVM never fuses a reduction's result).
+  softmax written as plain ops is one group (TVM never fuses a reduction's result);
+- row prologues: a group of row-local ops (elementwise, broadcast, row reductions: a LayerNorm)
+  whose results are read by one row-local GEMM alone, as its data operand, joins that GEMM's
+  group after both phases. A row tile of the kernel computes its rows of the prologue, then
+  multiplies them: one call instead of two, and the prologue's result never goes to memory;
+- GEMM chains: the same for a group whose anchors are row-local GEMMs (an MLP's first layer with
+  its activation): the hidden layer of a row tile stays in cache (schedule.py materialises a
+  GEMM's computed operand per row tile rather than inlining it).
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ class FusionOptions:
     row_reductions: bool = True
     view_prologues: bool = True
     enclosed_gemms: bool = True
+    row_prologues: bool = True
+    gemm_chains: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_depth", "max_inputs", "max_duplication"):
@@ -96,7 +105,53 @@ class Partitioner:
         for phase in (0, 1):
             for pos in range(len(self.fg.nodes)):
                 self._try_fuse(pos, phase)
+        if self.options.row_prologues:
+            self._fuse_row_prologues()
         return [g.root() for g in self.groups]
+
+    # -- row prologues ---------------------------------------------------------------------------
+    def _fuse_row_prologues(self) -> None:
+        """Each group that qualifies (module doc) merges into the group of the GEMM it feeds. The
+        group graph stays acyclic: every edge out of the prologue ends at that GEMM, so no path
+        leaves the merged group and comes back."""
+        for group in {id(g.root()): g.root() for g in self.groups}.values():
+            gemm = self._prologue_of(group)
+            if gemm is None:
+                continue
+            target = self.groups[gemm].root()
+            size = len(group.members) + len(target.members)
+            if size > self.options.max_depth:
+                continue
+            if self._distinct_inputs(group.members + target.members) > self.options.max_inputs:
+                continue
+            self._merge(group, target)
+
+    def _row_local(self, pos: int) -> bool:
+        """Row i of the op's result needs row i of its operands only, and it is no graph output."""
+        fnode = self.fg.nodes[pos]
+        gemm = self.options.gemm_chains and fnode.row_local
+        return not fnode.exports and (fnode.kind <= OpKind.BROADCAST or fnode.keeps_rows or gemm)
+
+    def _prologue_of(self, group: Group) -> int | None:
+        """The position of the row-local GEMM that alone reads `group`'s results as its data
+        operand, when `group` is a row-local prologue (or, with gemm_chains, a row-local GEMM
+        with its epilogue); else None."""
+        members = set(group.members)
+        if (group.anchored and not self.options.gemm_chains) or not all(self._row_local(m) for m in members):
+            return None
+        readers = {e.dst for m in members for e in self.fg.nodes[m].outputs if e.dst not in members}
+        if len(readers) != 1:
+            return None
+        gemm = readers.pop()
+        fnode = self.fg.nodes[gemm]
+        target = self.groups[gemm].root()
+        if not fnode.row_local or not target.anchored:
+            return None
+        produced = {o for m in members for o in self.fg.nodes[m].node.outputs if o}
+        operands = fnode.node.inputs
+        if operands[0] not in produced or any(name in produced for name in operands[1:]):
+            return None
+        return gemm
 
     # -- one node, one phase -------------------------------------------------------------------
     def _try_fuse(self, pos: int, phase: int) -> None:
