@@ -34,7 +34,7 @@ from .frontend.loader import load_model
 from .frontend.validate import external_data_files, tensor_bytes, validate_model_file
 from .fusion.extract import extract_group
 from .fusion.float32_boundaries import carried_name
-from .fusion.partition import FusionOptions
+from .fusion.partition import GROUP_WEIGHT_LIMIT, FusionOptions
 from .fusion.plan import FusedGroup, FusionPlan, plan_fusion
 from .gates import is_compute_op
 from .ir import Graph
@@ -55,10 +55,6 @@ from .target import Target, resolve_target
 from .workers import run_with_deadline
 
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # bytes of weights; protobuf cannot hold 2 GB
-GROUP_WEIGHT_LIMIT = 512 * 2**20
-"""A group whose weights take more stays with onnxruntime: compiling it would serialize its
-weights into the group model, hash them, send them to a worker and load them into a verifying
-onnxruntime session, several copies of a tensor that may be most of the model."""
 
 
 @dataclass(frozen=True)

@@ -134,3 +134,13 @@ def test_the_bundled_transformer_mlp_runs_in_one_kernel(tmp_path):
     for batch in (1, 5):
         x = np.random.default_rng(batch).standard_normal((batch, 8, 64)).astype(np.float32)
         assert_outputs_match(original_session(m).run(None, {"X": x}), session.run(None, {"X": x}))
+
+
+def test_no_prologue_joins_a_group_past_the_weight_limit(monkeypatch):
+    """Groups whose weights pass GROUP_WEIGHT_LIMIT stay with onnxruntime (pipeline.py): a prologue
+    joined to one would go with it, so it compiles alone instead (test_ci_large_model.py, 2 GB)."""
+    from onnxfuse.fusion import partition
+
+    m = ln_ffn()
+    monkeypatch.setattr(partition, "GROUP_WEIGHT_LIMIT", HIDDEN * HIDDEN * 4 - 1)  # less than w alone
+    assert sorted(map(len, groups(m))) == [len(GEMM_GROUP), len(LN_NAMES)]

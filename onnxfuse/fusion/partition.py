@@ -38,9 +38,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..frontend.validate import tensor_bytes
 from ..ops import OpKind, combine
 from .forward_graph import ForwardGraph
 from .postdom import DomNode
+
+GROUP_WEIGHT_LIMIT = 512 * 2**20
+"""A group whose weights take more bytes stays with onnxruntime (pipeline.py): compiling it would
+serialize its weights into the group model, hash them, send them to a worker and load them into a
+verifying onnxruntime session, several copies of a tensor that may be most of the model. So no row
+prologue or GEMM chain is joined past it: the prologue would go back to onnxruntime with the GEMM."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,8 @@ class Partitioner:
             if size > self.options.max_depth:
                 continue
             if self._distinct_inputs(group.members + target.members) > self.options.max_inputs:
+                continue
+            if self._weight_bytes(group.members + target.members) > GROUP_WEIGHT_LIMIT:
                 continue
             self._merge(group, target)
 
@@ -308,6 +317,12 @@ class Partitioner:
         nodes = [self.fg.nodes[m].node for m in members]
         produced = {o for n in nodes for o in n.outputs}
         return len({i for n in nodes for i in n.inputs if i and i not in produced})
+
+    def _weight_bytes(self, members: list[int]) -> int:
+        """Bytes of the constant tensors (initializers) the members read."""
+        names = {i for m in members for i in self.fg.nodes[m].node.inputs if i}
+        tensors = [self.fg.graph.value(name).initializer for name in names]
+        return sum(tensor_bytes(t) or 0 for t in tensors if t is not None)
 
     def _no_dominator_reason(self, pos: int) -> str:
         fnode = self.fg.nodes[pos]
