@@ -165,15 +165,23 @@ def _multiplies(block, buffer) -> bool:
 CHEAP_EPILOGUE_NODES = 12  # a clamp of one GEMM result load (tanh's input), its two indices counted, is 9
 
 
+def _small_store_value(block):
+    """The value a block stores, when it is a plain store (no reduction) of at most
+    CHEAP_EPILOGUE_NODES nodes; else None."""
+    value = getattr(block.body, "value", None)
+    if value is None or block.init is not None or tir_walk.expr_size(value) > CHEAP_EPILOGUE_NODES:
+        return None
+    return value
+
+
 def _cheap_gemm_epilogue(sch, block_rv) -> bool:
     """A few operations on one load of a GEMM's result (the clamp before a tanh): inlined however
     often it is read, since LLVM computes the copies once (common subexpressions) and one load
     cannot multiply along a chain. Materialised in a gate cell with narrow rows, LLVM vectorized
     it across the tile's rows with a gather and a scatter per column (30% of the seed gate's
     time at N = 10)."""
-    block = sch.get(block_rv)
-    value = getattr(block.body, "value", None)
-    if value is None or block.init is not None or tir_walk.expr_size(value) > CHEAP_EPILOGUE_NODES:
+    value = _small_store_value(sch.get(block_rv))
+    if value is None:
         return False
     loads = list(tir_walk.iter_loads(value))
     if len(loads) != 1:
@@ -191,10 +199,8 @@ def _cheap_reread_of_inputs(sch, block_rv, copies: int) -> bool:
     inputs starts no chain along which copies could multiply. Materialised, the residual Add +
     Relu after a Conv (conv_block, [1000, 16, 16, 16]) wrote and re-read a whole tile: its
     kernel took 4.6 ms where onnxruntime's Add and Relu took 3.6 ms together."""
-    block = sch.get(block_rv)
-    value = getattr(block.body, "value", None)
-    if copies > REREAD_COPIES or value is None or block.init is not None \
-            or tir_walk.expr_size(value) > CHEAP_EPILOGUE_NODES:
+    value = _small_store_value(sch.get(block_rv))
+    if copies > REREAD_COPIES or value is None:
         return False
     inputs = {param.name for param in sch.mod["main"].params}
     return all(load.source.name in inputs for load in tir_walk.iter_loads(value))

@@ -122,16 +122,11 @@ class Partitioner:
         group graph stays acyclic: every edge out of the prologue ends at that GEMM, so no path
         leaves the merged group and comes back."""
         for group in {id(g.root()): g.root() for g in self.groups}.values():
-            gemm = self._prologue_of(group)
-            if gemm is None:
+            target = self._prologue_of(group)
+            if target is None:
                 continue
-            target = self.groups[gemm].root()
-            size = len(group.members) + len(target.members)
-            if size > self.options.max_depth:
-                continue
-            if self._distinct_inputs(group.members + target.members) > self.options.max_inputs:
-                continue
-            if self._weight_bytes(group.members + target.members) > GROUP_WEIGHT_LIMIT:
+            members = group.members + target.members
+            if self._bound_exceeded(members) or self._weight_bytes(members) > GROUP_WEIGHT_LIMIT:
                 continue
             self._merge(group, target)
 
@@ -141,8 +136,8 @@ class Partitioner:
         gemm = self.options.gemm_chains and fnode.row_local
         return not fnode.exports and (fnode.kind <= OpKind.BROADCAST or fnode.keeps_rows or gemm)
 
-    def _prologue_of(self, group: Group) -> int | None:
-        """The position of the row-local GEMM that alone reads `group`'s results as its data
+    def _prologue_of(self, group: Group) -> Group | None:
+        """The group of the row-local GEMM that alone reads `group`'s results as its data
         operand, when `group` is a row-local prologue (or, with gemm_chains, a row-local GEMM
         with its epilogue); else None."""
         members = set(group.members)
@@ -160,7 +155,7 @@ class Partitioner:
         operands = fnode.node.inputs
         if operands[0] not in produced or any(name in produced for name in operands[1:]):
             return None
-        return gemm
+        return target
 
     # -- one node, one phase -------------------------------------------------------------------
     def _try_fuse(self, pos: int, phase: int) -> None:
@@ -260,13 +255,9 @@ class Partitioner:
             )
             return
         roots = {id(r): r for r in (self.groups[p].root() for p in on_path | {src, sink})}
-        size = sum(len(r.members) for r in roots.values())
-        if size > self.options.max_depth:
-            self.reasons[src] = f"depth bound: the group would have {size} ops > max depth {self.options.max_depth}"
-            return
-        inputs = self._distinct_inputs([m for r in roots.values() for m in r.members])
-        if inputs > self.options.max_inputs:
-            self.reasons[src] = f"input bound: the group would read {inputs} values > max inputs {self.options.max_inputs}"
+        exceeded = self._bound_exceeded([m for r in roots.values() for m in r.members])
+        if exceeded:
+            self.reasons[src] = exceeded
             return
         target = self.groups[sink].root()
         for root in roots.values():
@@ -317,6 +308,15 @@ class Partitioner:
         nodes = [self.fg.nodes[m].node for m in members]
         produced = {o for n in nodes for o in n.outputs}
         return len({i for n in nodes for i in n.inputs if i and i not in produced})
+
+    def _bound_exceeded(self, members: list[int]) -> str | None:
+        """Why a group of these members would pass max_depth or max_inputs, or None."""
+        if len(members) > self.options.max_depth:
+            return f"depth bound: the group would have {len(members)} ops > max depth {self.options.max_depth}"
+        inputs = self._distinct_inputs(members)
+        if inputs > self.options.max_inputs:
+            return f"input bound: the group would read {inputs} values > max inputs {self.options.max_inputs}"
+        return None
 
     def _weight_bytes(self, members: list[int]) -> int:
         """Bytes of the constant tensors (initializers) the members read."""
