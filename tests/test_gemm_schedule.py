@@ -133,3 +133,58 @@ def test_a_keepdims_row_reduction_is_no_gemm_to_pad_on_a_four_lane_target(tmp_pa
     for batch in (1, 8):
         feeds = {"X": np.random.default_rng(batch).standard_normal((batch, 8, 64)).astype(np.float32)}
         assert_outputs_match(*run_both(original, result.model_path, feeds))
+
+
+# ---------------------------------------------------------------- epilogues per register tile
+
+
+def _projection(residual: bool) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    """x[N, 16, 64] @ W + b (a transformer's projection), plus x again with `residual`."""
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((64, 64)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+    nodes = [h.make_node("MatMul", ["x", "W"], ["m"]), h.make_node("Add", ["m", "b"], ["y" if not residual else "a"])]
+    if residual:
+        nodes.append(h.make_node("Add", ["a", "x"], ["y"]))
+    graph = h.make_graph(nodes, "projection", [h.make_tensor_value_info("x", TP.FLOAT, ["N", 16, 64])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, ["N", 16, 64])],
+                         [nh.from_array(w, "W"), nh.from_array(b, "b")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model, w, b
+
+
+def _schedule_stats(model):
+    from onnxfuse.codegen import relax_import
+
+    return schedule_group(relax_import.import_group(model, "g").prim_func, registers=AVX512)[1]
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_bias_add_runs_per_register_tile(residual):
+    """The GEMM's one reader, reading it at one place and otherwise the kernel's inputs, moves
+    under the register tile's column loop (schedule.epilogue_per_register_tile)."""
+    stats = _schedule_stats(_projection(residual)[0])
+    assert stats.epilogues_per_tile == 1
+    assert not stats.skipped_steps
+
+
+@pytest.mark.parametrize("name", ["lstm_gate", "lstm_cell"])
+def test_gate_epilogues_stay_at_the_row_tile(name):
+    """A gate cell's reader needs other column blocks (the Split's parts) or both GEMMs: not tried,
+    so no refusal is recorded either."""
+    stats = _schedule_stats(onnx.load(str(MODELS / f"{name}.onnx")))
+    assert stats.epilogues_per_tile == 0
+    assert not stats.skipped_steps
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_per_tile_epilogue_matches_numpy(residual, tmp_path):
+    """Every batch path: the one-row variant (1, 5), a ragged tail (13), whole tiles (64)."""
+    model, w, b = _projection(residual)
+    compiled = compile_group(model, "projection", resolve_target("native"), tmp_path)
+    for batch in (1, 5, 13, 64):
+        x = np.random.default_rng(batch).standard_normal((batch, 16, 64)).astype(np.float32)
+        expected = x.astype(np.float64) @ w + b + (x if residual else 0)
+        (actual,) = compiled.run({"x": x})
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)

@@ -63,6 +63,7 @@ class ScheduleStats:
     reductions_factored: int = 0  # row reductions split in vector lanes (factor_row_reductions)
     gemm_columns_padded: int = 0  # GEMMs computed over N padded to whole vectors (pad_gemm_columns)
     register_tiles: int = 0  # GEMMs given a register-blocked micro-kernel (schedule_matmul)
+    epilogues_per_tile: int = 0  # GEMM readers run per register tile (epilogue_per_register_tile)
     parallel: bool = False
     tile_rows: int = 0
     symbolic_rows: bool = False  # the row-tile loop runs over a symbolic (batch) extent
@@ -662,6 +663,7 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile
         if _try(stats, f"reverse_compute_at {name}",
                 lambda: sch.reverse_compute_at(writeback, col_parts[0], preserve_unit_loops=True)):
             vectorize_elementwise(sch, stats, writeback, registers)
+            epilogue_per_register_tile(sch, stats, writeback, col_parts[0])
     stats.reductions_scheduled += 1
     stats.register_tiles += 1
     if _try(stats, f"vectorize {name}", lambda: sch.vectorize(col_parts[2])):
@@ -673,6 +675,41 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile
         if init_loops and sch.get(init_loops[-1]).kind != tvm.tirx.ForKind.VECTORIZED:
             _try(stats, f"vectorize init {name}", lambda: sch.vectorize(init_loops[-1]))
     return True
+
+
+def epilogue_per_register_tile(sch, stats: ScheduleStats, writeback, tile_loop) -> None:
+    """The GEMM result's one reader (a bias Add, a head Transpose) runs right after each register
+    tile is written back, on the rows x columns just stored, instead of over the whole row tile
+    once all its column blocks are done. The tile's few KB are then re-read from L1 while still
+    there; over a row tile (8 rows of a [N, 16, 64] projection: 32 KB) they had been pushed out.
+    Measured, MatMul + Add by [64, 64] weights on [N, 16, 64], paired rounds against onnxruntime:
+    1.18x -> 1.30x at batch 64, 1.26x -> 1.84x at 1,000. A reader of several GEMM results or of
+    other column blocks (a gate cell's Split parts) needs more than one tile: TVM refuses the
+    move, and the reader stays at the row tile (such readers are not tried: _reads_its_tile_only)."""
+    consumers = sch.get_consumers(writeback)
+    if len(consumers) != 1 or not _reads_its_tile_only(sch, consumers[0], writeback):
+        return
+    name = sch.get(consumers[0]).name_hint
+    if _try(stats, f"epilogue per register tile {name}",
+            lambda: sch.reverse_compute_at(consumers[0], tile_loop, preserve_unit_loops=True)):
+        stats.epilogues_per_tile += 1
+
+
+def _reads_its_tile_only(sch, reader_rv, writeback_rv) -> bool:
+    """The reader stores one value that loads the GEMM's result at one place (however often) and
+    otherwise reads the kernel's inputs only: what one register tile's results can compute."""
+    reader, result = sch.get(reader_rv), sch.get(writeback_rv).writes[0].source
+    value = getattr(reader.body, "value", None)
+    if reader.init is not None or value is None:
+        return False
+    inputs = {param.name for param in sch.mod["main"].params}
+    places = []
+    for load in tir_walk.iter_loads(value):
+        if load.source.same_as(result):
+            places.append(load.indices)
+        elif load.source.name not in inputs:
+            return False
+    return bool(places) and all(tvm_ffi.structural_equal(list(p), list(places[0])) for p in places)
 
 
 _sblock_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
