@@ -31,10 +31,10 @@ from .codegen.worker import compile_one
 from .errors import CompileError, UsageError
 from .frontend.ir_version import require_loadable_ir_version
 from .frontend.loader import load_model
-from .frontend.validate import external_data_files, tensor_bytes, validate_model_file
+from .frontend.validate import external_data_files, validate_model_file
 from .fusion.extract import extract_group
 from .fusion.float32_boundaries import carried_name
-from .fusion.partition import GROUP_WEIGHT_LIMIT, FusionOptions
+from .fusion.partition import GROUP_WEIGHT_LIMIT, FusionOptions, weight_bytes
 from .fusion.plan import FusedGroup, FusionPlan, plan_fusion
 from .gates import is_compute_op
 from .ir import Graph
@@ -394,8 +394,7 @@ def _argument_values(graph: Graph, group: FusedGroup) -> ChainMap:
 
 def _too_heavy(graph: Graph, group: FusedGroup) -> str | None:
     """Why a group is left alone for the size of its weights (GROUP_WEIGHT_LIMIT), or None."""
-    weights = [graph.scope(group.scope).value(name).initializer for name in group.inputs]
-    total = sum(tensor_bytes(t) or 0 for t in weights if t is not None)
+    total = weight_bytes(graph.scope(group.scope), group.inputs)
     if total <= GROUP_WEIGHT_LIMIT:
         return None
     return (f"its weights take {total / 2**20:.0f} MB; groups over {GROUP_WEIGHT_LIMIT // 2**20} MB stay with "

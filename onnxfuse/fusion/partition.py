@@ -50,6 +50,13 @@ verifying onnxruntime session, several copies of a tensor that may be most of th
 prologue or GEMM chain is joined past it: the prologue would go back to onnxruntime with the GEMM."""
 
 
+def weight_bytes(graph, names) -> int:
+    """Bytes of the initializers among the value `names` of `graph` (one scope): the weights a
+    kernel over them holds, which GROUP_WEIGHT_LIMIT bounds."""
+    tensors = [graph.value(name).initializer for name in set(names) if name]
+    return sum(tensor_bytes(t) or 0 for t in tensors if t is not None)
+
+
 @dataclass(frozen=True)
 class FusionOptions:
     max_depth: int = 256
@@ -320,9 +327,7 @@ class Partitioner:
 
     def _weight_bytes(self, members: list[int]) -> int:
         """Bytes of the constant tensors (initializers) the members read."""
-        names = {i for m in members for i in self.fg.nodes[m].node.inputs if i}
-        tensors = [self.fg.graph.value(name).initializer for name in names]
-        return sum(tensor_bytes(t) or 0 for t in tensors if t is not None)
+        return weight_bytes(self.fg.graph, [i for m in members for i in self.fg.nodes[m].node.inputs])
 
     def _no_dominator_reason(self, pos: int) -> str:
         fnode = self.fg.nodes[pos]
