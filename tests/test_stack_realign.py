@@ -71,8 +71,8 @@ def test_spilling_kernels_ship_with_aligned_spills(tmp_path):
     target = resolve_target("portable")
     if target.arch != "x86_64":
         pytest.skip("x86-64 only")
-    # The GRU cell's x86-64-v4 kernels spill zmm registers (its gate math beside the register
-    # tile). The GEMM + bias + residual kernel this test used before stopped spilling once the
+    # The GRU cell's x86-64-v4 kernels spill zmm registers (seen with objdump). The GEMM + bias +
+    # residual kernel this test used before stopped spilling once the
     # bias and residual ran per register tile (schedule.epilogue_per_register_tile).
     model = onnx.load(str(MODELS / "gru_cell.onnx"))
     compiled = compile_group(model, "k", target, tmp_path)

@@ -683,9 +683,9 @@ def epilogue_per_register_tile(sch, stats: ScheduleStats, writeback, tile_loop) 
     once all its column blocks are done: the few KB just stored are re-read at once, from L1
     (a row tile of a [N, 16, 64] projection is 32 KB, all of L1 here). Measured, paired rounds
     against onnxruntime: MatMul + Add by [64, 64] weights on [N, 16, 64] 1.18x -> 1.30x at batch
-    64, 1.26x -> 1.84x at 1,000; the GRU cell (row tiles of 6 KB) 1.33x -> 1.40x at 64. A reader of several GEMM results or of
-    other column blocks (a gate cell's Split parts) needs more than one tile: TVM refuses the
-    move, and the reader stays at the row tile (such readers are not tried: _reads_its_tile_only)."""
+    64, 1.26x -> 1.84x at 1,000; the GRU cell (row tiles of 6 KB) 1.33x -> 1.40x at 64. A reader
+    of several GEMM results or of other column blocks (a gate cell's Split parts) needs more than
+    one tile: TVM refuses the move, so such readers are not tried (_reads_its_tile_only)."""
     consumers = sch.get_consumers(writeback)
     if len(consumers) != 1 or not _reads_its_tile_only(sch, consumers[0], writeback):
         return
