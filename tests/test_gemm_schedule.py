@@ -188,3 +188,27 @@ def test_a_per_tile_epilogue_matches_numpy(residual, tmp_path):
         expected = x.astype(np.float64) @ w + b + (x if residual else 0)
         (actual,) = compiled.run({"x": x})
         np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("name", "first"), [("lstm_gate", 1), ("gru_cell", 2), ("transformer_mlp", 0)])
+def test_column_blocks_run_first_where_rows_come_from_one_loop(name, first):
+    """The cells' [N, K] @ [K, M] GEMMs run each block of weight columns over all row blocks of the
+    tile (schedule._tile_loop_order); the transformer MLP's [N, 8, 64] rows keep rows first."""
+    stats = _schedule_stats(onnx.load(str(MODELS / f"{name}.onnx")))
+    assert stats.register_tiles == max(first, 2 if name == "transformer_mlp" else 1)
+    assert stats.column_blocks_first == first
+    assert not stats.skipped_steps
+
+
+@pytest.mark.parametrize("name", ["lstm_gate", "gru_cell"])
+def test_column_blocks_first_cells_match_onnxruntime(name, tmp_path):
+    """Every batch path of a cell whose GEMMs run column blocks first: the one-row variant (1, 5),
+    a ragged tail tile with a ragged register tile (13), whole tiles (64, 1,000)."""
+    original = MODELS / f"{name}.onnx"
+    result = optimize(original, tmp_path / "c.fused.onnx", target="native", cache_dir=False)
+    assert [o.status for o in result.outcomes] == ["compiled"]
+    inputs = [i.name for i in onnx.load(str(original)).graph.input]
+    for batch in (1, 5, 13, 64, 1000):
+        rng = np.random.default_rng(batch)
+        feeds = {n: rng.standard_normal((batch, 64)).astype(np.float32) for n in inputs}
+        assert_outputs_match(*run_both(original, result.model_path, feeds))
