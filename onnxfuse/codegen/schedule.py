@@ -195,6 +195,11 @@ def _cheap_gemm_epilogue(sch, block_rv) -> bool:
 REREAD_COPIES = 2  # a Relu's select(x < 0, 0, x) reads x twice
 
 
+def _kernel_params(sch) -> set[str]:
+    """Names of the kernel's parameters (its inputs and outputs): buffers no block computes."""
+    return {param.name for param in sch.mod["main"].params}
+
+
 def _cheap_reread_of_inputs(sch, block_rv, copies: int) -> bool:
     """A few operations on the kernel's own inputs (a residual Add), read at most twice (by a
     Relu's select): inlined, since LLVM computes the copies once, and a block that reads only
@@ -204,7 +209,7 @@ def _cheap_reread_of_inputs(sch, block_rv, copies: int) -> bool:
     value = _small_store_value(sch.get(block_rv))
     if copies > REREAD_COPIES or value is None:
         return False
-    inputs = {param.name for param in sch.mod["main"].params}
+    inputs = _kernel_params(sch)
     return all(load.source.name in inputs for load in tir_walk.iter_loads(value))
 
 
@@ -716,7 +721,7 @@ def _reads_its_tile_only(sch, reader_rv, writeback_rv) -> bool:
     value = getattr(reader.body, "value", None)
     if reader.init is not None or value is None:
         return False
-    inputs = {param.name for param in sch.mod["main"].params}
+    inputs = _kernel_params(sch)
     places = []
     for load in tir_walk.iter_loads(value):
         if load.source.same_as(result):
