@@ -52,12 +52,14 @@ def test_the_second_build_is_kept_only_at_half_the_spills(first, second, kept):
     assert calls == ([("-x",)] if first == 0 else [("-x",), ("-x",) + spill_guard.RETRY_OPTIONS["x86_64"]])
 
 
-def test_the_gate_built_without_machine_licm_spills_less():
-    """The fact the guard acts on: the v4 level of the [N, 64] @ [64, 192] gate."""
+def test_the_gate_keeps_its_accumulators_in_registers_either_way():
+    """The kernel the guard was written for, the v4 level of the [N, 64] @ [64, 192] gate, spilled
+    36 vector registers with MachineLICM and 4 without while its GEMM ran rows first; with column
+    blocks first (schedule._tile_loop_order) neither build spills more than 4."""
     model = lstm_gate_model(hidden=64, k=64)
     plain = spill_guard.vector_spills(_assembly(model, X86_V4), "x86_64")
     retried = spill_guard.vector_spills(_assembly(model, {**X86_V4, "cl-opt": ["-disable-machine-licm"]}), "x86_64")
-    assert 2 * retried <= plain, (plain, retried)
+    assert plain <= 4 and retried <= 4, (plain, retried)
 
 
 def test_gate_kernel_kept_by_the_guard_matches_onnxruntime(tmp_path):

@@ -11,6 +11,8 @@ stored its 16 accumulators to the stack and loaded them back around every FMA: 2
 paired rounds). Turned off for every GEMM kernel, it cost transformer_mlp 6% at batch 1,000 and
 changed nothing else measured, and that kernel spills as often either way: so the spill count
 decides, per kernel and ISA level. x86-64 only: it is the architecture this was measured on.
+Since its GEMM runs column blocks first (schedule._tile_loop_order) that gate no longer needs the
+guard: its v4 build spills 4 vector registers with MachineLICM or without (36 and 4 before).
 """
 
 from __future__ import annotations
