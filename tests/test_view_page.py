@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import time
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import numpy as np
@@ -101,7 +102,17 @@ def test_cell_page_draws_everything_and_shows_the_groups_outcome(lstm, profile, 
     assert group.get("reason", "") in panel
     assert f"compile time\t{group['compile_seconds']:.2f} s" in panel
     for m in group["measured"]:
-        assert f"{m['batch']}\t{m['threads']}\t{m['kernel_us']:.1f}\t{m['onnxruntime_us']:.1f}" in panel
+        assert f"{m['batch']}\t{m['threads']}\t{js_fixed(m['kernel_us'])}\t{js_fixed(m['onnxruntime_us'])}" in panel
+
+
+def js_fixed(value: float, digits: int = 1) -> str:
+    """JavaScript's `value.toFixed(digits)`: the float's exact value rounded, a tie upwards (9.25 ->
+    "9.3"), where Python's format rounds a tie to even ("9.2")."""
+    return str(Decimal(value).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
+
+
+def test_js_fixed_rounds_ties_up_as_javascript_does():
+    assert [js_fixed(v) for v in (9.25, 4.47, 9.35, 0.05, 12.0)] == ["9.3", "4.5", "9.3", "0.1", "12.0"]
 
 
 def test_corpus_page_draws_every_group_and_unfused_node(bert, profile, proxy):
