@@ -52,7 +52,7 @@ def test_the_second_build_is_kept_only_at_half_the_spills(first, second, kept):
     assert calls == ([("-x",)] if first == 0 else [("-x",), ("-x",) + spill_guard.RETRY_OPTIONS["x86_64"]])
 
 
-def test_the_gate_keeps_its_accumulators_in_registers_either_way():
+def test_the_gate_spills_at_most_four_vector_registers_either_way():
     """The kernel the guard was written for, the v4 level of the [N, 64] @ [64, 192] gate, spilled
     36 vector registers with MachineLICM and 4 without while its GEMM ran rows first; with column
     blocks first (schedule._tile_loop_order) neither build spills more than 4."""

@@ -72,8 +72,8 @@ def test_spilling_kernels_ship_with_aligned_spills(tmp_path):
     if target.arch != "x86_64":
         pytest.skip("x86-64 only")
     # The GRU cell's x86-64-v4 kernels spill zmm registers (seen with objdump). The GEMM + bias +
-    # residual kernel this test used before stopped spilling once the
-    # bias and residual ran per register tile (schedule.epilogue_per_register_tile).
+    # residual kernel this test used before stopped spilling once the bias and residual ran per
+    # register tile (schedule.epilogue_per_register_tile).
     model = onnx.load(str(MODELS / "gru_cell.onnx"))
     compiled = compile_group(model, "k", target, tmp_path)
     code = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(compiled.spec.object_file)],

@@ -701,7 +701,7 @@ def epilogue_per_register_tile(sch, stats: ScheduleStats, writeback, tile_loop) 
     """The GEMM result's one reader (a bias Add, a head Transpose) runs right after each register
     tile is written back, on the rows x columns just stored, instead of over the whole row tile
     once all its column blocks are done: the few KB just stored are re-read at once, from L1
-    (a row tile of a [N, 16, 64] projection is 32 KB, all of L1 here). Measured, paired rounds
+    (a row tile of a [N, 16, 64] projection is 32 KB, all of the AMD VM's L1). Measured, paired rounds
     against onnxruntime: MatMul + Add by [64, 64] weights on [N, 16, 64] 1.18x -> 1.30x at batch
     64, 1.26x -> 1.84x at 1,000; the GRU cell (row tiles of 6 KB) 1.33x -> 1.40x at 64. A reader
     of several GEMM results or of other column blocks (a gate cell's Split parts) needs more than
