@@ -39,7 +39,7 @@ import tvm_ffi
 from tvm import s_tir
 
 from ..errors import short_reason
-from . import concat_blocks, fold_rows, gemm_shapes, ieee_order, tir_walk, tree_schedule
+from . import clamped_tail, concat_blocks, fold_rows, gemm_shapes, ieee_order, tir_walk, tree_schedule
 from .register_file import AVX512, RegisterFile
 
 TILE_ELEMENTS = 8192  # elements of the widest intermediate row block kept per tile
@@ -65,6 +65,7 @@ class ScheduleStats:
     register_tiles: int = 0  # GEMMs given a register-blocked micro-kernel (schedule_matmul)
     epilogues_per_tile: int = 0  # GEMM readers run per register tile (epilogue_per_register_tile)
     column_blocks_first: int = 0  # GEMMs whose column blocks run outside the row blocks (_tile_loop_order)
+    unpredicated_blocks: int = 0  # blocks the ragged last tile runs whole (clamped_tail)
     parallel: bool = False
     tile_rows: int = 0
     symbolic_rows: bool = False  # the row-tile loop runs over a symbolic (batch) extent
@@ -933,9 +934,13 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     nest_partial_sums(sch, stats, factored)
     # A row's final sum of the lanes is short and already in place around its partial sums.
     schedule_loop_nests(sch, stats, registers, done=frozenset(final for _, final in factored) | level_loops)
+    func = sch.mod["main"]
     if tiled is not None and stats.tile_rows == GEMM_TILE_ROWS:
         hint_tail_partition(sch, stats)
-    return sch.mod["main"], stats
+        func = sch.mod["main"]
+        if stats.symbolic_rows and not stats.gather_chain:
+            func, stats.unpredicated_blocks = clamped_tail.unpredicated_tail(func, stats.tile_rows)
+    return func, stats
 
 
 def needs_small_batch_variant(stats: ScheduleStats) -> bool:

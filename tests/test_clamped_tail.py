@@ -1,0 +1,96 @@
+"""The ragged last row tile of a GEMM group runs unpredicated (clamped_tail): which blocks lose
+their batch predicate, and that the kernel still computes onnxruntime's bits at every batch,
+including the batches whose last tile is ragged and those below one tile."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import tvm
+import tvm_ffi
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+from tvm import s_tir
+
+from onnxfuse.codegen import relax_import
+from onnxfuse.codegen.compile import build_module, compile_group
+from onnxfuse.codegen.register_file import AVX512
+from onnxfuse.codegen.schedule import GEMM_TILE_ROWS, schedule_group
+from onnxfuse.target import resolve_target
+
+
+def _gemm_bias_model(k: int = 64, cols: int = 256) -> onnx.ModelProto:
+    """x[N, K] @ W[K, cols] + b: a GEMM whose result only the bias Add (the output) reads."""
+    rng = np.random.default_rng(0)
+    w = nh.from_array((rng.standard_normal((k, cols)) * 0.1).astype(np.float32), "W")
+    b = nh.from_array(rng.standard_normal(cols).astype(np.float32), "b")
+    graph = h.make_graph([h.make_node("MatMul", ["x", "W"], ["m"]), h.make_node("Add", ["m", "b"], ["y"])],
+                         "gemm_bias", [h.make_tensor_value_info("x", TP.FLOAT, ["N", k])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, ["N", cols])], [w, b])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model
+
+
+def _predicates(func) -> dict[str, str]:
+    """Block name -> its predicate, as TVMScript writes it."""
+    found = {}
+
+    def collect(realize):
+        found[realize.block.name_hint] = str(realize.predicate)
+        return realize
+    tvm_ffi.structural_map(func.body, [(s_tir.SBlockRealize, collect)], order="post")
+    return found
+
+
+@pytest.fixture(scope="module")
+def scheduled():
+    group = relax_import.import_group(_gemm_bias_model(), "g")
+    return schedule_group(group.prim_func, registers=AVX512)
+
+
+def test_the_gemm_blocks_lose_the_batch_predicate_and_the_output_keeps_it(scheduled):
+    func, stats = scheduled
+    predicates = _predicates(func)
+    assert stats.tile_rows == GEMM_TILE_ROWS and stats.symbolic_rows
+    gemm = [name for name in predicates if name.startswith("matmul")]
+    assert len(gemm) == 3  # the accumulator's init and update, its write-back
+    assert stats.unpredicated_blocks == len(gemm)
+    assert all("N" not in predicates[name] for name in gemm)
+    assert "< N" in predicates["T_add"]  # rows past the batch are never stored
+    script = func.script()
+    assert "x[T.min(v_i0, N - T.int64(1)), v_k]" in script  # x's rows clamped to the last real one
+    # the GEMM's buffers hold a whole tile whatever N: TVM clips a tile-local buffer to its shape
+    assert script.count(f"T.max(N, T.int64({GEMM_TILE_ROWS}))") == 2
+
+
+def test_the_kernel_alone_is_right_below_one_tile(scheduled):
+    """The runtime sends batches below GEMM_TILE_ROWS to the small-batch variant, but the main
+    kernel must be right there too (its rows past the batch read row N - 1)."""
+    func, _ = scheduled
+    model = _gemm_bias_model()
+    w, b = (nh.to_array(t) for t in model.graph.initializer)
+    kernel = build_module({"main": func.with_attr("global_symbol", "main")},
+                          tvm.target.Target({"kind": "llvm"})).mod["main"]
+    for batch in (1, 2, 5, GEMM_TILE_ROWS - 1, GEMM_TILE_ROWS + 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 64)).astype(np.float32)
+        out = tvm.runtime.empty((batch, 256), "float32")
+        kernel(tvm.runtime.tensor(x), tvm.runtime.tensor(w), tvm.runtime.tensor(b), out)
+        np.testing.assert_allclose(out.numpy(), x.astype(np.float64) @ w + b, rtol=1e-5, atol=1e-5)
+
+
+def test_every_ragged_batch_gives_onnxruntimes_bits(tmp_path):
+    model = _gemm_bias_model()
+    compiled = compile_group(model, "gemm_bias", resolve_target("native"), tmp_path)
+    assert compiled.stats["unpredicated_blocks"] == 3
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    reference = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    for batch in [*range(1, 2 * GEMM_TILE_ROWS + 2), 60, 64, 1001]:
+        x = np.random.default_rng(batch).standard_normal((batch, 64)).astype(np.float32)
+        expected = reference.run(None, {"x": x})[0]
+        got = compiled.run({"x": x})[0]
+        assert np.array_equal(got.view(np.uint32), expected.view(np.uint32)), f"batch {batch}"
