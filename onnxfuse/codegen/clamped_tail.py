@@ -13,6 +13,12 @@ of the kernel's inputs to the last real row: `X[min(row, N - 1), k]`. Rows past 
 compute row N - 1's values again into tile rows nobody reads, so the tail tile runs the same
 unpredicated code as a full one. Blocks that write an output keep their predicate: those
 rows are never stored. A batch of 0 runs no tile, so N - 1 is never read.
+
+Only kernels with one symbolic dimension (the batch) are rewritten. On BERT's groups over
+[batch, seq, ...] a first version, which dropped every bound by a symbolic dimension (a vector
+loop's `k < seq` inside the tile too), made the compiler process abort on heap corruption and
+TVM reject the TIR (a weight used without declaration). Only the row tile's own bound is dropped
+now, but such kernels were not tried again: they keep their predicates.
 """
 
 from __future__ import annotations
@@ -58,10 +64,11 @@ def _shape_vars(func) -> set:
     return found
 
 
-def _is_batch_bound(condition, shape_vars: set) -> bool:
-    """`row < N`: a bound on a loop expression by a symbolic dimension."""
-    return isinstance(condition, tirx.LT) and bool(_vars_in(condition.b) & shape_vars) \
-        and not (_vars_in(condition.a) & shape_vars)
+def _is_batch_bound(condition, row_tile, shape_vars: set) -> bool:
+    """`row < N`: the row tile's rows bounded by a symbolic dimension (not, say, a vector loop's
+    `k < seq` inside the tile, whose reads past seq would be real reads of other rows)."""
+    return isinstance(condition, tirx.LT) and row_tile in _vars_in(condition.a) \
+        and bool(_vars_in(condition.b) & shape_vars) and not (_vars_in(condition.a) & shape_vars)
 
 
 def _clamped_loads(body, clamp: set):
@@ -98,16 +105,17 @@ def _widened(func, buffers: set, tile_rows: int):
     return BufferReplacer(replacements)(func) if replacements else func
 
 
-def unpredicated_tail(func: tirx.PrimFunc, tile_rows: int) -> tuple[tirx.PrimFunc, int]:
+def unpredicated_tail(func: tirx.PrimFunc, row_tile, tile_rows: int) -> tuple[tirx.PrimFunc, int]:
     """(`func` with the batch predicate dropped from every block that writes no parameter, and
     those blocks' reads of parameters (or of buffers written outside the tile) clamped to the
-    last real row; how many blocks). `tile_rows`: the row tile, which every buffer those blocks
+    last real row; how many blocks). `row_tile`: the variable of the row-tile loop, whose rows the
+    dropped predicates bound. `tile_rows`: the row tile, which every buffer those blocks
     write must hold whatever the batch. A block that reads an output keeps its predicate: an
     output's rows past the batch are never written, and an index read from them could be
     anything."""
     params = set(_param_buffers(func))
     shape_vars = _shape_vars(func)
-    if not shape_vars:
+    if len(shape_vars) != 1:  # see the module doc: kernels over batch and seq keep their predicates
         return func, 0
     realizes = _realizes(func)
     outputs = {region.source for realize in realizes for region in realize.block.writes} & params
@@ -117,7 +125,7 @@ def unpredicated_tail(func: tirx.PrimFunc, tile_rows: int) -> tuple[tirx.PrimFun
         if any(region.source in params for region in block.writes) or _read_buffers(block) & outputs:
             continue
         conditions = _conjuncts(realize.predicate)
-        kept = [c for c in conditions if not _is_batch_bound(c, shape_vars)]
+        kept = [c for c in conditions if not _is_batch_bound(c, row_tile, shape_vars)]
         if len(kept) < len(conditions):
             freed[block.name_hint] = kept
     if not freed:

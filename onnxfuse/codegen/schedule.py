@@ -920,6 +920,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     tiled = tile_rows(sch, stats, widest_row, small_batch)
     if tiled is not None:
         anchors, outer, batch = tiled
+        row_tile = sch.get(outer).loop_var  # the schedule's loop handles do not outlive widen_padded_gemms
         compute_under_tile(sch, stats, anchors, outer)
         # Let LoopPartition peel the ragged last tile: full tiles then run without the per-row
         # `row < N` predicates that compute_at adds (they force every accumulator through memory).
@@ -939,7 +940,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
         hint_tail_partition(sch, stats)
         func = sch.mod["main"]
         if stats.symbolic_rows and not stats.gather_chain:
-            func, stats.unpredicated_blocks = clamped_tail.unpredicated_tail(func, stats.tile_rows)
+            func, stats.unpredicated_blocks = clamped_tail.unpredicated_tail(func, row_tile, stats.tile_rows)
     return func, stats
 
 
