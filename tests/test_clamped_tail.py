@@ -18,8 +18,10 @@ from tvm import s_tir
 from onnxfuse.codegen import relax_import
 from onnxfuse.codegen.compile import build_module, compile_group
 from onnxfuse.codegen.register_file import AVX512
-from onnxfuse.codegen.schedule import GEMM_TILE_ROWS, schedule_group
+from onnxfuse.codegen.schedule import gemm_tile_rows, schedule_group
 from onnxfuse.target import resolve_target
+
+TILE = gemm_tile_rows(AVX512)
 
 
 def _gemm_bias_model(k: int = 64, cols: int = 256) -> onnx.ModelProto:
@@ -55,7 +57,7 @@ def scheduled():
 def test_the_gemm_blocks_lose_the_batch_predicate_and_the_output_keeps_it(scheduled):
     func, stats = scheduled
     predicates = _predicates(func)
-    assert stats.tile_rows == GEMM_TILE_ROWS and stats.symbolic_rows
+    assert stats.gemm_sized_tiles and stats.symbolic_rows
     gemm = [name for name in predicates if name.startswith("matmul")]
     assert len(gemm) == 3  # the accumulator's init and update, its write-back
     assert stats.unpredicated_blocks == len(gemm)
@@ -64,18 +66,18 @@ def test_the_gemm_blocks_lose_the_batch_predicate_and_the_output_keeps_it(schedu
     script = func.script()
     assert "x[T.min(v_i0, N - T.int64(1)), v_k]" in script  # x's rows clamped to the last real one
     # the GEMM's buffers hold a whole tile whatever N: TVM clips a tile-local buffer to its shape
-    assert script.count(f"T.max(N, T.int64({GEMM_TILE_ROWS}))") == 2
+    assert script.count(f"T.max(N, T.int64({TILE}))") == 2
 
 
 def test_the_kernel_alone_is_right_below_one_tile(scheduled):
-    """The runtime sends batches below GEMM_TILE_ROWS to the small-batch variant, but the main
+    """The runtime sends batches below SMALL_BATCH_ROWS to the small-batch variant, but the main
     kernel must be right there too (its rows past the batch read row N - 1)."""
     func, _ = scheduled
     model = _gemm_bias_model()
     w, b = (nh.to_array(t) for t in model.graph.initializer)
     kernel = build_module({"main": func.with_attr("global_symbol", "main")},
                           tvm.target.Target({"kind": "llvm"})).mod["main"]
-    for batch in (1, 2, 5, GEMM_TILE_ROWS - 1, GEMM_TILE_ROWS + 3):
+    for batch in (1, 2, TILE - 1, TILE + 1, TILE + 5):
         x = np.random.default_rng(batch).standard_normal((batch, 64)).astype(np.float32)
         out = tvm.runtime.empty((batch, 256), "float32")
         kernel(tvm.runtime.tensor(x), tvm.runtime.tensor(w), tvm.runtime.tensor(b), out)
@@ -89,7 +91,7 @@ def test_every_ragged_batch_gives_onnxruntimes_bits(tmp_path):
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     reference = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    for batch in [*range(1, 2 * GEMM_TILE_ROWS + 2), 60, 64, 1001]:
+    for batch in [*range(1, 3 * TILE + 2), 60, 64, 1001]:
         x = np.random.default_rng(batch).standard_normal((batch, 64)).astype(np.float32)
         expected = reference.run(None, {"x": x})[0]
         got = compiled.run({"x": x})[0]

@@ -212,3 +212,20 @@ def test_column_blocks_first_cells_match_onnxruntime(name, tmp_path):
         rng = np.random.default_rng(batch)
         feeds = {n: rng.standard_normal((batch, 64)).astype(np.float32) for n in inputs}
         assert_outputs_match(*run_both(original, result.model_path, feeds))
+
+
+def test_wide_gemms_take_six_row_tiles_on_avx512_and_narrow_ones_eight():
+    """A GEMM whose columns fill 4 zmm vectors gets 6 x 4 register tiles in 6-row tiles; the seed
+    gate's 32 padded columns (2 vectors) keep 4 x 2 tiles in 8-row tiles (6 x 2 was slower)."""
+    from onnxfuse.codegen import relax_import
+
+    wide = relax_import.import_group(_model(64, 256, False)[0], "wide")
+    _, wide_stats = schedule_group(wide.prim_func, registers=AVX512)
+    assert (wide_stats.tile_rows, wide_stats.gemm_sized_tiles, wide_stats.register_tiles) == (6, True, 1)
+    narrow = relax_import.import_group(_model(10, 30, True)[0], "gate")
+    _, narrow_stats = schedule_group(narrow.prim_func, registers=AVX512)
+    assert (narrow_stats.tile_rows, narrow_stats.gemm_sized_tiles) == (GEMM_TILE_ROWS, True)
+    _, avx2_stats = schedule_group(wide.prim_func, registers=AVX2)
+    assert avx2_stats.tile_rows == GEMM_TILE_ROWS
+    assert gemm_shapes.register_tile(6, 4, AVX512) == (6, 4)
+    assert gemm_shapes.register_tile(GEMM_TILE_ROWS, 2, AVX512) == (4, 2)

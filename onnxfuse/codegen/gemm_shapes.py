@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .register_file import RegisterFile
 
-ROW_UNROLL = 4  # rows of the register tile when the columns fill it (wide matrices)
+NARROW_ROWS = 4  # rows of a register tile whose columns do not fill it (the seed gate's 2 vectors)
 PAD_MAX_WEIGHT_ELEMENTS = 4096  # pad N only for weights up to 64 x 64: the padded copy is made every call
 
 
@@ -31,25 +31,37 @@ def padded_columns(cols: int, k: int, lanes: int) -> int | None:
     return padded if k * padded <= PAD_MAX_WEIGHT_ELEMENTS else None
 
 
+def fills_register_tile(col_vectors: int, registers: RegisterFile) -> bool:
+    """Whether a GEMM's columns fill the widest register tile (whole groups of registers.count / 8
+    vectors): only such a GEMM takes registers.gemm_rows rows."""
+    return col_vectors % (registers.count // 8) == 0
+
+
 def register_tile(row_extent: int | None, col_vectors: int, registers: RegisterFile) -> tuple[int, int]:
     """(rows, column vectors) of the accumulator tile.
 
-    Half the vector registers hold accumulators (16 of AVX-512's or NEON's 32); the rest hold
-    one weight vector per column vector and the broadcast rows, so LLVM spills nothing. When
-    several rows share the weight vectors there are at most an eighth of the registers of them
-    (4 x 4 on 32 registers, 4 x 2 on AVX2's 16: rows first, since each broadcast feeds a whole
-    row of FMAs). A single row (batch 1, a GEMV) reuses no weight vector across rows, so every
-    accumulator becomes a column vector: more independent FMAs per broadcast.
+    Several rows share their weight vectors: at most an eighth of the registers of them (4 on 32
+    registers, 2 on AVX2's 16), and up to registers.gemm_rows rows when the columns fill those
+    vectors, else NARROW_ROWS (rows first, since each
+    broadcast feeds a whole row of FMAs). With the weight vectors and the broadcast (an FMA
+    operand straight from memory on AVX-512) beside them, LLVM spills nothing. A single row
+    (batch 1, a GEMV) reuses no weight vector across rows, so half the registers become column
+    vectors: more independent FMAs per broadcast.
+    AVX-512 takes 6 x 4 (24 accumulators): against 4 x 4, paired rounds, one run each, ratio over
+    onnxruntime at batch 64 / 1,000: a [N, 64] @ [64, 256] MatMul + bias 1.01x -> 1.09x / 1.02x ->
+    1.13x, lstm_cell 1.29x -> 1.37x / 1.36x -> 1.50x (both with clamped_tail, 6-row tiles); the
+    seed gate's 2 vectors as 6 x 2 fell from 1.59x to 1.34x at 1,000, so narrow tiles keep 4 rows.
     Tried and slower: 4 x 3 on AVX2; 8 x 2, 2 x 8 and 8 x 4 on the LSTM cell's 256 columns; and
     for the seed gate's 32 padded columns 8 x 2 (its 16 accumulators beside 2 weight vectors and
     8 broadcasts: 1.14-1.26x onnxruntime at batch 1,000 against 1.20-1.38x for 4 x 2, 3 runs)."""
-    accumulators = registers.count // 2
-    widest = accumulators if row_extent == 1 else registers.count // 8
+    shared = registers.count // 8
+    widest = registers.count // 2 if row_extent == 1 else shared
     vectors = max(v for v in range(1, min(col_vectors, widest) + 1) if col_vectors % v == 0)
     rows = 1
     if row_extent is not None:
-        for r in range(min(ROW_UNROLL, row_extent), 0, -1):
-            if row_extent % r == 0 and r * vectors <= accumulators:
+        most = registers.gemm_rows if vectors == shared else min(registers.gemm_rows, NARROW_ROWS)
+        for r in range(min(most, row_extent), 0, -1):
+            if row_extent % r == 0 and r * vectors <= registers.gemm_rows * shared:
                 rows = r
                 break
     return rows, vectors

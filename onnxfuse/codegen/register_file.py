@@ -16,13 +16,14 @@ from dataclasses import dataclass
 class RegisterFile:
     vector_bytes: int  # one vector register
     count: int  # vector registers the compiler may allocate
+    gemm_rows: int = 4  # rows of a GEMM register tile whose columns fill it (gemm_shapes.register_tile)
 
     def lanes(self, bits: int) -> int:
         """Elements of `bits` each in one register."""
         return max(1, self.vector_bytes * 8 // max(8, bits))
 
 
-AVX512 = RegisterFile(vector_bytes=64, count=32)
+AVX512 = RegisterFile(vector_bytes=64, count=32, gemm_rows=6)  # 6 x 4 zmm: 24 accumulators
 AVX2 = RegisterFile(vector_bytes=32, count=16)  # AVX/AVX2: 16 ymm registers
 SSE = RegisterFile(vector_bytes=16, count=16)  # portable x86-64: 16 xmm registers
 NEON = RegisterFile(vector_bytes=16, count=32)  # AArch64 Advanced SIMD: 32 q registers

@@ -11,10 +11,10 @@ Why this shape (measured; docs/codegen.md keeps the numbers):
 - Outputs that other blocks also read get a cache_write, and all sink outputs' row-tile loops
   are merged into one, so multi-output groups (LSTM cell: H_out reads C_out) tile completely.
 - GEMM blocks (one innermost reduction): a register-blocked micro-kernel (schedule_matmul): a
-  rows x vectors accumulator tile in a "local" buffer that LLVM keeps in registers (4 x 64 floats
-  in 16 zmm registers on AVX-512; sized per target by register_file), k outside the unrolled
+  rows x vectors accumulator tile in a "local" buffer that LLVM keeps in registers (6 x 64 floats
+  in 24 zmm registers on AVX-512; sized per target by register_file), k outside the unrolled
   rows x vectors, vector FMAs over output columns; near the single-core FMA peak (OpenBLAS speed
-  on 1000x64 @ 64x192). Such groups use 8-row tiles, so a ragged tail is cheap. A small GEMM
+  on 1000x64 @ 64x192). Such groups use 8- or 6-row tiles (gemm_tile_rows), so a ragged tail is cheap. A small GEMM
   whose N is no multiple of the vector width is computed over N padded to one (pad_gemm_columns,
   widen_padded_gemms; the shape decisions are gemm_shapes'): the seed gate's N = 30 ran as
   scalar dot products before.
@@ -68,6 +68,7 @@ class ScheduleStats:
     unpredicated_blocks: int = 0  # blocks the ragged last tile runs whole (clamped_tail)
     parallel: bool = False
     tile_rows: int = 0
+    gemm_sized_tiles: bool = False  # row tiles of a GEMM group's size (gemm_tile_rows): a small batch is all tail
     symbolic_rows: bool = False  # the row-tile loop runs over a symbolic (batch) extent
     folded_rows: bool = False  # [batch, seq, ...] tiled as batch x seq rows (fold_rows)
     gather_chain: bool = False  # a tree walk: each level one loop (tree_schedule.fuse_level_loops)
@@ -275,7 +276,23 @@ def row_work(sch) -> int:
     return total
 
 
-def choose_tile_rows(batch: int | None, row_elements: int, gemm: bool = False, small_batch: bool = False) -> int:
+def _fills_register_tile(block, registers: RegisterFile) -> bool:
+    cols = _static(block.iter_vars[-2].dom.extent) if len(block.iter_vars) >= 2 else None
+    lanes = _lanes(_block_dtype(block), registers)
+    return cols is not None and cols % lanes == 0 and gemm_shapes.fills_register_tile(cols // lanes, registers)
+
+
+def gemm_tile_rows(registers: RegisterFile) -> int:
+    """Rows per tile of a group whose GEMMs fill their register tiles: whole register tiles, as
+    many as fit GEMM_TILE_ROWS (8 = 2 x 4 rows; AVX-512's 6-row register tile: one). Other GEMM
+    groups keep GEMM_TILE_ROWS (their narrow tiles have 4 rows). With clamped_tail the ragged last tile
+    costs a whole one, so a tile of one 6-row register tile wastes less than two."""
+    rows = registers.gemm_rows
+    return rows * max(1, GEMM_TILE_ROWS // rows)
+
+
+def choose_tile_rows(batch: int | None, row_elements: int, gemm: bool = False, small_batch: bool = False,
+                     gemm_rows: int = GEMM_TILE_ROWS) -> int:
     """Rows per tile: enough to amortise per-tile loop overhead, few enough that the tile's
     intermediates stay in L1. A GEMM group uses one register tile of rows: its micro-kernel
     streams the weights once per register tile anyway, and a short ragged tile keeps batch 1
@@ -288,7 +305,7 @@ def choose_tile_rows(batch: int | None, row_elements: int, gemm: bool = False, s
     rows = max(1, min(MAX_TILE_ROWS, TILE_ELEMENTS // max(1, row_elements)))
     rows = 1 << (rows.bit_length() - 1)  # a power of two
     if gemm:
-        rows = min(rows, GEMM_TILE_ROWS)
+        rows = min(rows, gemm_rows)
     if batch is not None:
         rows = min(rows, batch)
     return rows
@@ -318,7 +335,8 @@ def _sink_outputs(sch):
     return [b for b in outputs if not _readers(sch, b)] or outputs
 
 
-def tile_rows(sch, stats: ScheduleStats, row_elements: int, small_batch: bool = False):
+def tile_rows(sch, stats: ScheduleStats, row_elements: int, small_batch: bool = False,
+              registers: RegisterFile = AVX512):
     """Splits the outermost loop of every sink output into row tiles and merges those tile loops
     into one; returns (anchor names, tile loop, batch) or None."""
     outputs = _sink_outputs(sch)
@@ -328,8 +346,13 @@ def tile_rows(sch, stats: ScheduleStats, row_elements: int, small_batch: bool = 
         _batch_loop_first(sch, stats, block_rv)
     extent = sch.get(sch.get_loops(outputs[0])[0]).extent
     batch = _static(extent)
-    rows = choose_tile_rows(batch, row_elements, any(_is_gemm(sch.get(b)) for b in _blocks(sch)), small_batch)
+    gemms = [sch.get(b) for b in _blocks(sch) if _is_gemm(sch.get(b))]
+    gemm = bool(gemms)
+    gemm_rows = gemm_tile_rows(registers) if all(_fills_register_tile(g, registers) for g in gemms) \
+        else GEMM_TILE_ROWS
+    rows = choose_tile_rows(batch, row_elements, gemm, small_batch, gemm_rows)
     stats.tile_rows = rows
+    stats.gemm_sized_tiles = rows == (gemm_rows if gemm else GEMM_TILE_ROWS)
     stats.symbolic_rows = batch is None
     anchors, tile_loops = [], []
     for group in _by_first_loop(sch, outputs):
@@ -917,7 +940,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     stats.gather_chain = tree_schedule.is_gather_chain(sch)
     separate_read_outputs(sch, stats)
     factored = factor_row_reductions(sch, stats, registers)
-    tiled = tile_rows(sch, stats, widest_row, small_batch)
+    tiled = tile_rows(sch, stats, widest_row, small_batch, registers)
     if tiled is not None:
         anchors, outer, batch = tiled
         row_tile = sch.get(outer).loop_var  # the schedule's loop handles do not outlive widen_padded_gemms
@@ -936,7 +959,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     # A row's final sum of the lanes is short and already in place around its partial sums.
     schedule_loop_nests(sch, stats, registers, done=frozenset(final for _, final in factored) | level_loops)
     func = sch.mod["main"]
-    if tiled is not None and stats.tile_rows == GEMM_TILE_ROWS:
+    if tiled is not None and stats.gemm_sized_tiles:
         hint_tail_partition(sch, stats)
         func = sch.mod["main"]
         if stats.symbolic_rows and not stats.gather_chain:
@@ -947,14 +970,14 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
 def needs_small_batch_variant(stats: ScheduleStats) -> bool:
     """A GEMM group over a symbolic batch gets a second kernel for batches below SMALL_BATCH_ROWS.
 
-    Its row tiles hold GEMM_TILE_ROWS rows, so a smaller batch runs only the ragged tail tile,
+    Its row tiles hold gemm_tile_rows rows, so a smaller batch runs only the ragged tail tile,
     whose per-row `row < N` predicates sit inside the reduction loop: LLVM then keeps the
     accumulators in memory (a load, FMA, store chain per step). One row per tile has no ragged
     tail and takes 16 accumulators in registers (LSTM cell at batch 1: 3.1 us -> 1.3 us), but
     streams the weights once per row, which halves large-batch speed; so the runtime picks the
     variant by batch. A gather chain (a tree walk) gets one whatever its tile: one row per tile
     walks the trees without a ragged tile's predicates (tree_schedule)."""
-    return stats.symbolic_rows and (stats.tile_rows == GEMM_TILE_ROWS or stats.gather_chain)
+    return stats.symbolic_rows and (stats.gemm_sized_tiles or stats.gather_chain)
 
 
 def needs_serial_variant(stats: ScheduleStats) -> bool:
