@@ -29,20 +29,13 @@ from tvm import s_tir, tirx
 from tvm.tirx.buffer import is_buffer_var
 from tvm.tirx.transform.common import BufferReplacer
 
+from . import tir_walk
+
 
 def _conjuncts(predicate) -> list:
     if isinstance(predicate, tirx.And):
         return _conjuncts(predicate.a) + _conjuncts(predicate.b)
     return [predicate]
-
-
-def _all_of(conditions: list):
-    if not conditions:
-        return tirx.const(True, "bool")
-    result = conditions[0]
-    for condition in conditions[1:]:
-        result = tirx.And(result, condition)
-    return result
 
 
 def _vars_in(expr) -> set:
@@ -67,7 +60,7 @@ def _shape_vars(func) -> set:
 def _is_batch_bound(condition, row_tile, shape_vars: set) -> bool:
     """`row < N`: the row tile's rows bounded by a symbolic dimension (not, say, a vector loop's
     `k < seq` inside the tile, whose reads past seq would be real reads of other rows)."""
-    return isinstance(condition, tirx.LT) and row_tile in _vars_in(condition.a) \
+    return isinstance(condition, tirx.LT) and tir_walk.uses_var(condition.a, row_tile) \
         and bool(_vars_in(condition.b) & shape_vars) and not (_vars_in(condition.a) & shape_vars)
 
 
@@ -84,6 +77,10 @@ def _clamped_loads(body, clamp: set):
                 indices.append(tirx.Min(index, extent - tirx.const(1, extent.ty.dtype)))
         return tirx.BufferLoad(load.source, indices)
     return tvm_ffi.structural_map(body, [(tvm.ir.TensorLoad, clamped)], order="post")
+
+
+def _read_buffers(block) -> set:
+    return {region.source for region in block.reads}
 
 
 def _realizes(func) -> list:
@@ -145,12 +142,10 @@ def unpredicated_tail(func: tirx.PrimFunc, row_tile, tile_rows: int) -> tuple[ti
         # The read regions stay as they were: they cover the clamped reads, which touch less.
         new_block = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, init,
                                  block.alloc_buffers, block.match_buffers, block.annotations)
-        return s_tir.SBlockRealize(realize.iter_values, _all_of(freed[block.name_hint]), new_block)
+        kept = freed[block.name_hint]
+        predicate = tirx.all(*kept) if kept else tirx.const(True, "bool")
+        return s_tir.SBlockRealize(realize.iter_values, predicate, new_block)
 
     func = func.with_body(tvm_ffi.structural_map(func.body, [(s_tir.SBlockRealize, rewrite)], order="post"))
     symbolic = {b for b in written_in_tile if any(not isinstance(e, tirx.IntImm) for e in b.shape)}
     return _widened(func, symbolic, tile_rows), len(freed)
-
-
-def _read_buffers(block) -> set:
-    return {region.source for region in block.reads}

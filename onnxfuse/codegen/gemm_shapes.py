@@ -42,9 +42,9 @@ def register_tile(row_extent: int | None, col_vectors: int, registers: RegisterF
 
     Several rows share their weight vectors: at most an eighth of the registers of them (4 on 32
     registers, 2 on AVX2's 16), and up to registers.gemm_rows rows when the columns fill those
-    vectors, else NARROW_ROWS (rows first, since each
-    broadcast feeds a whole row of FMAs). With the weight vectors and the broadcast (an FMA
-    operand straight from memory on AVX-512) beside them, LLVM spills nothing. A single row
+    vectors, else NARROW_ROWS (rows first, since each broadcast feeds a whole row of FMAs). With
+    the weight vectors and the broadcast (an FMA operand straight from memory on AVX-512) beside
+    them, LLVM spills nothing. A single row
     (batch 1, a GEMV) reuses no weight vector across rows, so half the registers become column
     vectors: more independent FMAs per broadcast.
     AVX-512 takes 6 x 4 (24 accumulators): against 4 x 4, paired rounds, one run each, ratio over
@@ -61,7 +61,7 @@ def register_tile(row_extent: int | None, col_vectors: int, registers: RegisterF
     if row_extent is not None:
         most = registers.gemm_rows if vectors == shared else min(registers.gemm_rows, NARROW_ROWS)
         for r in range(min(most, row_extent), 0, -1):
-            if row_extent % r == 0 and r * vectors <= registers.gemm_rows * shared:
+            if row_extent % r == 0:
                 rows = r
                 break
     return rows, vectors

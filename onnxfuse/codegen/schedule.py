@@ -958,12 +958,12 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     nest_partial_sums(sch, stats, factored)
     # A row's final sum of the lanes is short and already in place around its partial sums.
     schedule_loop_nests(sch, stats, registers, done=frozenset(final for _, final in factored) | level_loops)
-    func = sch.mod["main"]
-    if tiled is not None and stats.gemm_sized_tiles:
+    gemm_tiled = tiled is not None and stats.gemm_sized_tiles
+    if gemm_tiled:
         hint_tail_partition(sch, stats)
-        func = sch.mod["main"]
-        if stats.symbolic_rows and not stats.gather_chain:
-            func, stats.unpredicated_blocks = clamped_tail.unpredicated_tail(func, row_tile, stats.tile_rows)
+    func = sch.mod["main"]
+    if gemm_tiled and stats.symbolic_rows and not stats.gather_chain:
+        func, stats.unpredicated_blocks = clamped_tail.unpredicated_tail(func, row_tile, stats.tile_rows)
     return func, stats
 
 
