@@ -99,6 +99,9 @@ def bench(model, fused, batches, dims, inputs, threads, rounds, budget, extra, j
     onnxfuse bench models/gru_cell.onnx --peers iree,openvino --no-tvm
     """
     from onnxfuse.bench import BenchOptions, bench_model, format_compile_table, format_table, not_timed, report_json
+    from onnxfuse.fatal_signals import die_promptly_on_fatal_signals
+
+    die_promptly_on_fatal_signals()  # kernels run in this process (the fused model is verified here)
 
     if batches is not None:
         sizes: tuple[int | None, ...] = parse_sizes(batches, "--batch")

@@ -127,10 +127,12 @@ def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, max_dupl
     Exit codes: 0 written; 1 written, but a --fail-on-fallback or --min-fused gate failed;
     2 nothing written: bad input, bad option, or an output that cannot or must not be written.
     """
+    from onnxfuse.fatal_signals import die_promptly_on_fatal_signals
     from onnxfuse.gates import gate_failures
     from onnxfuse.pipeline import optimize as run_optimize
     from onnxfuse.progress import Progress
 
+    die_promptly_on_fatal_signals()  # kernels run in this process (verification, --select measured)
     to_stdout = report_path == "-"
     result = run_optimize(
         model, output, report=None if to_stdout else report_path, target=target, mcpu=mcpu, mattr=mattr,

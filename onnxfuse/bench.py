@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from pathlib import Path
 import onnx
 
 from .errors import ModelLoadError, OnnxfuseError, UsageError, short_reason
+from .fatal_signals import die_promptly_on_fatal_signals
 from .measure.contenders import BASELINE, FLOOR, FUSED, TVM, build_tvm, floor_model, ort_contender, tvm_contender
 from .measure.inputs import (
     InputSpec,
@@ -99,12 +101,26 @@ def run_worker(task: str, job: dict, env: dict[str, str] | None = None, timeout:
         except subprocess.TimeoutExpired:
             return {"error": f"took over {timeout:.0f}s"}
         if proc.returncode != 0 or not result_file.is_file():
-            lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-            return {"error": f"worker exited with {proc.returncode}: {lines[-1][:200] if lines else 'no message'}"}
+            return {"error": worker_failure(proc.returncode, proc.stderr)}
         return json.loads(result_file.read_text())
 
 
+def worker_failure(returncode: int, stderr: str) -> str:
+    """One line on a worker that died: the signal that killed it and, from faulthandler's
+    traceback, the innermost Python frame; or its exit code and last line of stderr."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        frames = [ln for ln in lines if ln.startswith("File ")]
+        return f"worker killed by {name}" + (f" ({frames[0][:200]})" if frames else "")
+    return f"worker exited with {returncode}: {lines[-1][:200] if lines else 'no message'}"
+
+
 def _worker_main(argv: Sequence[str]) -> None:
+    die_promptly_on_fatal_signals()
     task, job_file, result_file = argv
     job = json.loads(Path(job_file).read_text())
     if task == "measure":
