@@ -411,12 +411,25 @@ def contender_order(results: Sequence[ModelBench]) -> list[str]:
     return fixed + [n for n in names if n not in fixed]
 
 
+NOT_BITWISE = "≠"  # marks a contender whose outputs matched onnxruntime's within tolerance only
+
+
 def format_cell(cell: dict, baseline: bool = False) -> str:
-    """'1.234 (1.50×)'; '≈' marks a single timed call (too slow for rounds)."""
+    """'1.234 (1.50×)'; '≈' marks a single timed call (too slow for rounds), a trailing '≠'
+    outputs that match onnxruntime's within tolerance but not bit for bit."""
     if "median_ms" not in cell:
         return f"n/a ({cell.get('na', 'not run')})"
     ms = ("≈" if cell.get("rounds") == 1 else "") + _fmt_ms(cell["median_ms"])
-    return ms if baseline or "speedup" not in cell else f"{ms} ({cell['speedup']:.2f}×)"
+    text = ms if baseline or "speedup" not in cell else f"{ms} ({cell['speedup']:.2f}×)"
+    return text + (f" {NOT_BITWISE}" if cell.get("bitwise_equal") is False else "")
+
+
+def bitwise_legend(results: Sequence[ModelBench]) -> str | None:
+    """The line that explains '≠', when a table shows one."""
+    if any(cell.get("bitwise_equal") is False for r in results for run in r.runs for cell in run["contenders"].values()):
+        return (f"{NOT_BITWISE}: outputs within tolerance of onnxruntime's on the original model (rtol 1e-3), "
+                f"not bit for bit")
+    return None
 
 
 def format_table(results: Sequence[ModelBench], markdown: bool = False, na_width: int = 60) -> str:
@@ -430,7 +443,9 @@ def format_table(results: Sequence[ModelBench], markdown: bool = False, na_width
             cells = [c if len(c) <= na_width else c[: na_width - 2] + "…)" for c in cells]
             cells = ["" if c == "n/a (—)" else c for c in cells]
             rows.append([r.name, run.get("label", str(run["batch"])), str(run["threads"]), *cells])
-    return render_table(header, rows, markdown)
+    legend = bitwise_legend(results)
+    table = render_table(header, rows, markdown)
+    return table if legend is None else table + ("\n\n" if markdown else "\n") + legend
 
 
 def format_compile_table(results: Sequence[ModelBench], markdown: bool = False) -> str:

@@ -15,7 +15,9 @@ benchmark workers); a serving process that loads our custom-op library never loa
 from __future__ import annotations
 
 import faulthandler
+import io
 import signal
+import sys
 
 FATAL_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT)
 
@@ -27,4 +29,7 @@ def die_promptly_on_fatal_signals() -> None:
 
     for sig in FATAL_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
-    faulthandler.enable()
+    try:  # the process's own stderr: sys.stderr may be a stream without a file descriptor (click's test runner)
+        faulthandler.enable(file=sys.__stderr__)
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        pass  # no stderr to write to: the default action alone still ends the process

@@ -17,7 +17,7 @@ from onnxfuse_cli.main import main
 from onnxfuse.bench import BenchOptions, ModelBench, format_table, fused_refusals, report_json, with_speedups
 from onnxfuse.measure.contenders import BASELINE, FUSED, TVM
 from onnxfuse.measure.inputs import InputSpec, random_inputs
-from onnxfuse.measure.timing import Contender, Timing, check_outputs, race
+from onnxfuse.measure.timing import Contender, Timing, bitwise_equal, check_outputs, race
 
 REFERENCE = {"y": np.arange(6, dtype=np.float32).reshape(2, 3)}
 
@@ -94,6 +94,40 @@ def test_race_times_an_unchecked_yardstick_that_computes_something_else():
     assert log.count("yardstick") == 2 + 3  # warm-up, sizing, three rounds
     checked = race([logged("ok", log), logged("yardstick", log, other)], REFERENCE, rounds=3, round_seconds=0.0)
     assert checked["yardstick"].startswith("refused: no output in common")
+
+
+def test_race_says_which_contenders_match_the_reference_bit_for_bit():
+    """Within tolerance is not the same answers: one ulp off every element passes the check, and
+    the timing says it is not bit for bit; a yardstick (unchecked) says nothing."""
+    from dataclasses import replace
+
+    log: list[str] = []
+    one_ulp = {"y": np.nextafter(REFERENCE["y"], np.float32(np.inf))}
+    results = race([logged("same", log), logged("close", log, one_ulp),
+                    replace(logged("yardstick", log, one_ulp), checked=False)], REFERENCE, rounds=3, round_seconds=0.0)
+    assert results["same"].bitwise_equal is True and results["close"].bitwise_equal is False
+    assert results["yardstick"].bitwise_equal is None
+    assert results["close"].to_json()["bitwise_equal"] is False and "bitwise_equal" not in results["yardstick"].to_json()
+
+
+def test_bitwise_equal_compares_bits_dtypes_and_shapes():
+    y = REFERENCE["y"]
+    assert bitwise_equal(REFERENCE, {"y": y.copy(), "extra": np.ones(2)})
+    assert not bitwise_equal(REFERENCE, {"y": -0.0 * y})  # 0.0 and -0.0 compare equal, but are not the same bits
+    assert not bitwise_equal(REFERENCE, {"y": y.astype(np.float64)})
+    assert not bitwise_equal(REFERENCE, {"y": y.reshape(3, 2)})
+    assert not bitwise_equal(REFERENCE, {"z": y})
+    nan = {"y": np.full(3, np.nan, np.float32)}
+    assert bitwise_equal(nan, {"y": np.full(3, np.nan, np.float32)})
+
+
+def test_table_marks_a_contender_that_is_not_bit_for_bit_and_explains_the_mark():
+    r = sample_result()
+    assert "≠" not in format_table([r])
+    r.runs[0]["contenders"][FUSED]["bitwise_equal"] = False
+    lines = format_table([r]).splitlines()
+    assert lines[2].count("≠") == 1 and "(2.00×) ≠" in lines[2]
+    assert lines[-1].startswith("≠: outputs within tolerance of onnxruntime's")
 
 
 def test_race_reports_a_failing_contender_instead_of_raising():

@@ -46,6 +46,7 @@ class Timing:
     paired_speedup: float | None = None
     samples: tuple[float, ...] = ()  # seconds per call in each round, in round order (to pair any two contenders)
     paired_band: tuple[float, float] | None = None  # the 95% interval of paired_speedup (median_interval)
+    bitwise_equal: bool | None = None  # outputs bit for bit the reference's (None: not checked)
 
     def to_json(self) -> dict:
         out = {"median_ms": _ms(self.median), "p10_ms": _ms(self.p10), "p90_ms": _ms(self.p90),
@@ -56,6 +57,8 @@ class Timing:
             out["paired_band"] = [round(x, 3) for x in self.paired_band]
         if self.samples:
             out["round_ms"] = [_ms(x) for x in self.samples]
+        if self.bitwise_equal is not None:
+            out["bitwise_equal"] = self.bitwise_equal
         return out
 
 
@@ -87,6 +90,17 @@ def check_outputs(reference: dict[str, np.ndarray], actual: dict[str, np.ndarray
     return None
 
 
+def bitwise_equal(reference: dict[str, np.ndarray], actual: dict[str, np.ndarray]) -> bool:
+    """Whether every output `actual` shares with `reference` has its dtype, shape and bytes: the
+    same answers bit for bit, which a tolerance check cannot tell from close ones."""
+    shared = [name for name in reference if name in actual]
+    return bool(shared) and all(_same_bits(np.asarray(reference[n]), np.asarray(actual[n])) for n in shared)
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+
+
 def round_clock(threads: int) -> Callable[[], float]:
     """The clock that times a round at `threads` intra-op threads: the calling thread's CPU time
     at 1 thread, wall time otherwise.
@@ -106,9 +120,11 @@ def race(contenders: Sequence[Contender], reference: dict[str, np.ndarray], roun
     """Check every contender against `reference` (but those with checked=False), then time the ones
     that match in alternating rounds (timed by `clock`, round_clock; default: wall time).
 
-    Returns contender name → Timing, or → the reason it was not timed (failed or differed).
+    Returns contender name → Timing, or → the reason it was not timed (failed or differed). A
+    checked contender's Timing also says whether its outputs were the reference's bit for bit.
     """
     results: dict[str, Timing | str] = {}
+    exact: dict[str, bool | None] = {}
     timed: list[tuple[Contender, int]] = []
     round_cost = 0.0
     for contender in contenders:
@@ -118,6 +134,7 @@ def race(contenders: Sequence[Contender], reference: dict[str, np.ndarray], roun
             if mismatch is not None:
                 results[contender.name] = f"refused: {mismatch}"
                 continue
+            exact[contender.name] = bitwise_equal(reference, contender.outputs(result)) if contender.checked else None
             start = time.perf_counter()
             contender.call()
             once = max(time.perf_counter() - start, 1e-7)
@@ -125,7 +142,8 @@ def race(contenders: Sequence[Contender], reference: dict[str, np.ndarray], roun
             results[contender.name] = f"failed: {short_reason(exc)}"
             continue
         if once * MIN_ROUNDS > budget_seconds:  # too slow for rounds: its one timed call is the result
-            results[contender.name] = Timing(once, once, once, rounds=1, calls_per_round=1)
+            results[contender.name] = Timing(once, once, once, rounds=1, calls_per_round=1,
+                                             bitwise_equal=exact[contender.name])
             continue
         reps = calls_per_round(once, round_seconds)
         timed.append((contender, reps))
@@ -142,7 +160,7 @@ def race(contenders: Sequence[Contender], reference: dict[str, np.ndarray], roun
         paired = statistics.median(ratios) if ratios else None
         band = median_interval(ratios) if ratios else None
         results[contender.name] = Timing(statistics.median(s), float(p10), float(p90), rounds, reps, paired,
-                                         tuple(s), band)
+                                         tuple(s), band, exact[contender.name])
     return {c.name: results[c.name] for c in contenders}
 
 
