@@ -20,6 +20,7 @@ import functools
 import importlib.util
 import json
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -468,17 +469,31 @@ CELL_CEILING_ROUNDS = 21
 
 def run_cells() -> dict:
     """Per cell and batch, 1 thread, in alternating rounds: onnxruntime on the cell, onnxruntime
-    on the cell's MatMuls alone (roofline.gemm_only_model) and onnxfuse's fused cell.
+    on the cell's MatMuls alone (roofline.gemm_only_model), onnxfuse's fused cell, and onnxfuse's
+    kernel for the cell without its MatMuls (roofline.gemm_free_model: the gate math alone).
 
     The MatMuls alone are a measured ceiling: a kernel with GEMMs as fast as onnxruntime's and the
     gate math for free would still take that long, so cell / MatMuls bounds its speedup; the GEMM
-    peak gives the other ceiling (roofline.ratio_bound)."""
+    peak gives the other ceiling (roofline.ratio_bound). The gate math is not free, though (an
+    IEEE-exact sigmoid or tanh divides once per element), so a third column sets the fused cell
+    against its parts run back to back: onnxruntime's MatMuls, then onnxfuse's gate-math kernel,
+    less the one empty call a single kernel saves. A fused cell at or above it loses nothing to
+    fusion, and its distance to the first ceiling is what its gate math costs. (The gate-math
+    kernel reads its inputs from memory, the fused one from L1: at large batches, or where the
+    products' columns are not whole vectors, the parts run slower than inside the fused cell.)"""
     from dataclasses import replace
 
     from onnxfuse import optimize
     from onnxfuse.measure.contenders import ort_contender
     from onnxfuse.measure.inputs import model_inputs, random_inputs
-    from onnxfuse.measure.roofline import call_floor_us, gemm_only_model, gemm_peak_gflops, multiply_add_flops, ratio_bound
+    from onnxfuse.measure.roofline import (
+        call_floor_us,
+        gemm_free_model,
+        gemm_only_model,
+        gemm_peak_gflops,
+        multiply_add_flops,
+        ratio_bound,
+    )
     from onnxfuse.measure.timing import race
 
     started = time.perf_counter()
@@ -489,43 +504,64 @@ def run_cells() -> dict:
     for cell, path in cell_paths().items():
         fused = work / f"{cell}.fused.onnx"
         optimize(path, fused, cache_dir=str(KERNELS), select="all")
-        gemms = work / f"{cell}.matmuls.onnx"
+        gemms, gate_math = work / f"{cell}.matmuls.onnx", work / f"{cell}.gate_math.fused.onnx"
         original = onnx.load(str(path))
         onnx.save_model(gemm_only_model(original), str(gemms))
+        onnx.save_model(gemm_free_model(original), str(work / f"{cell}.gate_math.onnx"))
+        optimize(work / f"{cell}.gate_math.onnx", gate_math, cache_dir=str(KERNELS), select="all")
         for batch in CELL_CEILING_BATCHES:
             log(f"{cell}: batch {batch}")
             feeds = random_inputs(model_inputs(path), batch)
             cell_run = ort_contender("onnxruntime", path, feeds, 1)
-            contenders = [cell_run, replace(ort_contender("MatMuls only", gemms, feeds, 1), checked=False),
-                          ort_contender("onnxfuse", fused, feeds, 1)]
+            matmuls_run = replace(ort_contender("MatMuls only", gemms, feeds, 1), checked=False)
+            products = {name: np.array(a) for name, a in matmuls_run.outputs(matmuls_run.call()).items()}
+            gate_feeds = {**feeds, **products}  # the gate math of these very inputs
+            gate_feeds = {s.name: gate_feeds[s.name] for s in model_inputs(gate_math)}
+            contenders = [cell_run, matmuls_run, ort_contender("onnxfuse", fused, feeds, 1),
+                          replace(ort_contender("gate math", gate_math, gate_feeds, 1), checked=False)]
             timings = race(contenders, cell_run.outputs(cell_run.call()), rounds=CELL_CEILING_ROUNDS)
             refused = [f"{name}: {t}" for name, t in timings.items() if isinstance(t, str)]
             if refused:
                 raise OnnxfuseError(f"{cell}, batch {batch}: {'; '.join(refused)}")
-            ort, matmuls, fused_t = (timings[c.name] for c in contenders)
+            ort, matmuls, fused_t, gates = (timings[c.name] for c in contenders)
             rows.append({"cell": cell, "batch": batch, "onnxruntime_us": round(ort.median * 1e6, 2),
                          "matmuls_only_us": round(matmuls.median * 1e6, 2), "onnxfuse_us": round(fused_t.median * 1e6, 2),
+                         "gate_math_us": round(gates.median * 1e6, 2),
                          "speedup": round(fused_t.paired_speedup, 3),
                          "ceiling_at_onnxruntime_gemm": round(matmuls.paired_speedup, 3),
+                         "parts_back_to_back": round(parts_back_to_back(ort, matmuls, gates, call_us), 3),
                          "ceiling_at_gemm_peak": round(ratio_bound(multiply_add_flops(original, feeds), ort.median * 1e6,
                                                                    peak, call_us), 3)})
     seconds = time.perf_counter() - started
     report = {"machine": machine_info(), "gemm_peak_gflops": peak, "call_floor_us": call_us, "rows": rows,
               "seconds": round(seconds, 1)}
-    note = (f"1 thread. 'MatMuls only': onnxruntime on the cell cut at its MatMul outputs. Ceilings on any fused "
-            f"kernel's speedup: with GEMMs as fast as onnxruntime's and everything else free (cell / MatMuls only, "
-            f"paired by round), and with GEMMs at this machine's peak ({peak} GFLOP/s, onnxruntime's 512³ MatMul) "
-            f"plus an empty call ({call_us} µs).")
+    note = (f"1 thread. 'MatMuls only': onnxruntime on the cell cut at its MatMul outputs; 'gate math': onnxfuse's "
+            f"kernel for the cell without its MatMuls (their products as inputs). Ceilings on any fused kernel's "
+            f"speedup: with GEMMs as fast as onnxruntime's and everything else free (cell / MatMuls only, paired by "
+            f"round), and with GEMMs at this machine's peak ({peak} GFLOP/s, onnxruntime's 512³ MatMul) plus an "
+            f"empty call ({call_us} µs). 'MatMuls + gate math': the speedup of those two run back to back, less one "
+            f"empty call (cell / (MatMuls only + gate math - call), paired by round); not a ceiling, since the "
+            f"gate-math kernel reads its inputs from memory where the fused cell reads them from L1.")
     write_results("cells", report, [cells_table(rows), note], [cells_table(rows, markdown=True), note], seconds, [],
                   unit="µs")
     return report
 
 
+def parts_back_to_back(cell, matmuls, gate_math, call_us: float) -> float:
+    """Median over rounds of cell / (MatMuls + gate math - one empty call): a fused kernel pays
+    one call where the two measured parts paid two."""
+    call = call_us * 1e-6
+    return statistics.median(c / max(m + g - call, 1e-9)
+                             for c, m, g in zip(cell.samples, matmuls.samples, gate_math.samples))
+
+
 def cells_table(rows: list[dict], markdown: bool = False) -> str:
-    header = ["cell", "batch", "onnxruntime µs", "its MatMuls only µs", "onnxfuse µs", "speedup",
-              "ceiling at ort's GEMM", "ceiling at GEMM peak"]
-    out = [[r["cell"], str(r["batch"]), f"{r['onnxruntime_us']:.1f}", f"{r['matmuls_only_us']:.1f}", f"{r['onnxfuse_us']:.1f}",
-            f"{r['speedup']:.2f}×", f"{r['ceiling_at_onnxruntime_gemm']:.2f}×", f"{r['ceiling_at_gemm_peak']:.2f}×"]
+    header = ["cell", "batch", "onnxruntime µs", "its MatMuls only µs", "gate math µs", "onnxfuse µs", "speedup",
+              "ceiling at ort's GEMM", "ceiling at GEMM peak", "MatMuls + gate math"]
+    out = [[r["cell"], str(r["batch"]), f"{r['onnxruntime_us']:.1f}", f"{r['matmuls_only_us']:.1f}",
+            f"{r['gate_math_us']:.1f}", f"{r['onnxfuse_us']:.1f}", f"{r['speedup']:.2f}×",
+            f"{r['ceiling_at_onnxruntime_gemm']:.2f}×", f"{r['ceiling_at_gemm_peak']:.2f}×",
+            f"{r['parts_back_to_back']:.2f}×"]
            for r in rows]
     return render_table(header, out, markdown)
 

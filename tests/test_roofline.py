@@ -9,6 +9,7 @@ from onnx_builder import model, node, weights
 from onnxfuse.measure.roofline import (
     bytes_moved,
     call_floor_us,
+    gemm_free_model,
     gemm_only_model,
     gemm_peak_gflops,
     multiply_add_flops,
@@ -111,3 +112,25 @@ def test_gemm_only_model_keeps_the_matmuls_and_what_feeds_them():
     np.testing.assert_allclose(xw, x @ w, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(hr, h @ r, rtol=1e-5, atol=1e-5)
     assert gemm_only_model(model([node("Relu", ["x"], "y")], {"x": (2, 3)}, {"y": (2, 3)})) is None
+
+
+def test_gemm_free_model_keeps_everything_but_the_matmuls_whose_outputs_become_inputs():
+    """The same cell without its MatMuls: fed the products, it computes the gate math as numpy
+    does; the inputs only the MatMuls read are gone."""
+    import onnxruntime as ort
+
+    w, r = weights(8, 16, seed=1), weights(8, 16, seed=2)
+    m = model(
+        [node("MatMul", ["x", "w"], "xw"), node("MatMul", ["h", "r"], "hr"), node("Add", ["xw", "hr"], "g"),
+         node("Sigmoid", ["g"], "s"), node("Mul", ["s", "c"], "y")],
+        {"x": ("N", 8), "h": ("N", 8), "c": ("N", 16)}, {"y": ("N", 16)}, {"w": w, "r": r},
+    )
+    cut = gemm_free_model(m)
+    assert [n.op_type for n in cut.graph.node] == ["Add", "Sigmoid", "Mul"]
+    assert sorted(i.name for i in cut.graph.input) == ["c", "hr", "xw"]
+    rng = np.random.default_rng(0)
+    xw, hr, c = (rng.standard_normal((3, 16)).astype(np.float32) for _ in range(3))
+    (y,) = ort.InferenceSession(cut.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"xw": xw, "hr": hr, "c": c})
+    np.testing.assert_allclose(y, c / (1 + np.exp(-(xw + hr))), rtol=1e-5, atol=1e-6)
+    assert gemm_free_model(model([node("Relu", ["x"], "y")], {"x": (2, 3)}, {"y": (2, 3)})) is None

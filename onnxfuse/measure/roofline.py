@@ -71,20 +71,48 @@ def _conv_flops(node, inputs, output) -> int:
 _FLOP_COUNTERS = {"MatMul": _matmul_flops, "Gemm": _gemm_flops, "Conv": _conv_flops}
 
 
+GEMM_OPS = ("MatMul", "Gemm")
+
+
 def gemm_only_model(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """The model cut down to its MatMul/Gemm nodes and what feeds them: their outputs become the
     graph outputs, everything after them is gone. None if it has no such node.
 
     Timed in onnxruntime next to the whole model, it is a measured floor: a fused kernel whose
     GEMMs run only as fast as onnxruntime's, with every other op free, is still this slow."""
-    outputs = [node.output[0] for node in model.graph.node if node.op_type in ("MatMul", "Gemm")]
+    outputs = [node.output[0] for node in model.graph.node if node.op_type in GEMM_OPS]
     if not outputs:
         return None
-    inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    return _cut(model, _real_inputs(model), outputs)
+
+
+def gemm_free_model(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """The model without its MatMul/Gemm nodes: their outputs become graph inputs, everything
+    else (a cell's gate math) stays. None if it has no such node, or if onnx cannot infer the
+    shapes of their outputs.
+
+    Compiled and timed alone, it measures what the work besides the GEMMs costs at its best,
+    which "everything else free" leaves out: an IEEE-exact sigmoid or tanh ends in a division
+    per element, as onnxruntime's does."""
+    gemm_outputs = [node.output[0] for node in model.graph.node if node.op_type in GEMM_OPS]
+    if not gemm_outputs:
+        return None
+    try:
+        return _cut(model, _real_inputs(model) + gemm_outputs, [o.name for o in model.graph.output])
+    except ValueError:  # a GEMM output without an inferred type
+        return None
+
+
+def _real_inputs(model: onnx.ModelProto) -> list[str]:
+    return [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+
+
+def _cut(model: onnx.ModelProto, inputs: list[str], outputs: list[str]) -> onnx.ModelProto:
+    """The part of `model` from `inputs` to `outputs`; inputs that nothing kept reads are dropped."""
     inferred = onnx.shape_inference.infer_shapes(model)
     cut = Extractor(inferred).extract_model(inputs, outputs)
-    needed = {name for node in cut.graph.node for name in node.input}
-    kept = [i for i in cut.graph.input if i.name in needed]  # inputs only the cut-off ops read go
+    needed = {name for node in cut.graph.node for name in node.input} | set(outputs)
+    kept = [i for i in cut.graph.input if i.name in needed]
     del cut.graph.input[:]
     cut.graph.input.extend(kept)
     cut.ir_version = model.ir_version
