@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait
 from typing import Any
 
+from .fatal_signals import die_promptly_on_fatal_signals
+
 POLL_SECONDS = 0.2
 STARTUP_SECONDS = 120.0  # a worker imports TVM before it reports ready; slow disks take a while
 READY = "ready"
@@ -32,7 +34,9 @@ class WorkersCannotStart(Exception):
 
 def _serve(conn, fn: Callable) -> None:
     """The worker's loop: report ready, then receive (key, args) and answer (key, result) until
-    told to stop."""
+    told to stop. A crash in native code ends the worker at once (fatal_signals) instead of
+    leaving it hung until its deadline."""
+    die_promptly_on_fatal_signals()
     conn.send(READY)
     while True:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from onnxfuse.bench import worker_failure
 
@@ -49,3 +50,17 @@ def test_a_killed_worker_is_named_by_its_signal_and_innermost_frame():
 def test_a_worker_that_exits_is_named_by_its_code_and_last_line():
     assert worker_failure(1, "Traceback\n  ...\nValueError: bad\n\n") == "worker exited with 1: ValueError: bad"
     assert worker_failure(3, "") == "worker exited with 3: no message"
+
+
+def test_a_compile_worker_that_segfaults_dies_with_faulthandler_not_tvms_handler():
+    """A compile worker has TVM loaded when native code crashes: the task fails as a dead worker,
+    and the worker's stderr is faulthandler's traceback, not TVM's handler's."""
+    script = ("import sys; sys.path.insert(0, 'tests')\n"
+              "from worker_tasks import segfault_with_tvm_loaded\nfrom onnxfuse.workers import run_with_deadline\n"
+              "print(dict(run_with_deadline(segfault_with_tvm_loaded, {'boom': ()}, jobs=1, timeout=120, on_failure=str)))")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=str(Path(__file__).resolve().parent.parent))
+    assert proc.returncode == 0, proc.stderr
+    assert "'boom':" in proc.stdout and "died" in proc.stdout
+    assert "Fatal Python error: Segmentation fault" in proc.stderr
+    assert "Segfault encountered" not in proc.stderr
