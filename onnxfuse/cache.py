@@ -152,6 +152,7 @@ class KernelCache:
                 row_work=int(meta["row_work"]),
                 serial_variant=bool(meta["serial_variant"]),
                 levels=tuple(meta["levels"]),
+                level_small_batch_below=tuple(int(v) for v in meta.get("level_small_batch_below", ())),
             )
             return GroupKernel(spec, tuple(meta["arg_sources"]), weights), meta["info"]
         except FileNotFoundError as missing:
@@ -194,6 +195,7 @@ def _meta_json(key: str, kernel: GroupKernel, info: dict, files: dict[str, bytes
         "row_work": kernel.spec.row_work,
         "serial_variant": kernel.spec.serial_variant,
         "levels": list(kernel.spec.levels),
+        "level_small_batch_below": list(kernel.spec.level_small_batch_below),
         "info": info,
     }
     # Round-trip first, so the checksum covers exactly what a reader will parse back.

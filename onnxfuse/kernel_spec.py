@@ -122,7 +122,9 @@ class KernelSpec:
     (measured 5-16% faster there; see codegen.schedule.needs_serial_variant). levels: the
     suffixes of the ISA levels the object holds, best first (onnxfuse.target.IsaLevel.suffix);
     with more than one, every entry point above exists once per level, named by
-    level_kernel_name (empty: one level, unsuffixed)."""
+    level_kernel_name (empty: one level, unsuffixed). level_small_batch_below: each level's own
+    threshold, in the order of `levels` (their row tiles differ; empty: small_batch_below for
+    all)."""
 
     name: str
     inputs: tuple[TensorSpec, ...]
@@ -132,10 +134,17 @@ class KernelSpec:
     row_work: int = 0
     serial_variant: bool = False
     levels: tuple[str, ...] = ()
+    level_small_batch_below: tuple[int, ...] = ()
 
     def level_name(self, level_suffix: str) -> str:
         """This kernel's name as built for one of its levels (variants append to it)."""
         return level_kernel_name(self.name, level_suffix, len(self.levels))
+
+    def small_batch_below_at(self, level_suffix: str) -> int:
+        """The small-batch threshold of the level with this suffix."""
+        if self.level_small_batch_below and level_suffix in self.levels:
+            return self.level_small_batch_below[self.levels.index(level_suffix)]
+        return self.small_batch_below
 
     @property
     def small_name(self) -> str:
@@ -150,6 +159,9 @@ class KernelSpec:
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
             raise ValueError(f"kernel name {self.name!r} must be a C identifier")
+        if self.level_small_batch_below and len(self.level_small_batch_below) != len(self.levels):
+            raise ValueError(f"kernel {self.name}: {len(self.level_small_batch_below)} small-batch thresholds "
+                             f"for {len(self.levels)} levels")
         derived_inputs = [str(t.shape) for t in self.inputs if t.has_derived_dims]
         if derived_inputs:
             raise ValueError(f"kernel {self.name}: input dims must be static or named, got {derived_inputs[0]}")

@@ -33,7 +33,8 @@ def stored_kernel(tmp_path, weights=None) -> tuple[KernelCache, str, GroupKernel
     obj = tmp_path / "k.o"
     obj.write_bytes(b"object")
     spec = KernelSpec("k", (TensorSpec("float32", ("N", 8)),), (TensorSpec("int64", (DerivedDim("N", 8, 2),)),),
-                      str(obj), small_batch_below=8, row_work=1234, serial_variant=True)
+                      str(obj), small_batch_below=4, row_work=1234, serial_variant=True,
+                      levels=("x86_64_v4", "x86_64_v3"), level_small_batch_below=(4, 6))
     kernel = GroupKernel(spec, ("x", "w"), weights or {})
     cache = KernelCache(tmp_path / "cache")
     key = "ab" * 32

@@ -70,7 +70,7 @@ def test_the_gemm_blocks_lose_the_batch_predicate_and_the_output_keeps_it(schedu
 
 
 def test_the_kernel_alone_is_right_below_one_tile(scheduled):
-    """The runtime sends batches below SMALL_BATCH_ROWS to the small-batch variant, but the main
+    """The runtime sends the smallest batches to the small-batch variant, but the main
     kernel must be right there too (its rows past the batch read row N - 1)."""
     func, _ = scheduled
     model = _gemm_bias_model()

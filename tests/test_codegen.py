@@ -392,15 +392,15 @@ def test_lstm_cell_register_tiled_and_fully_tiled(tmp_path, target):
 
 
 def test_gemm_over_symbolic_batch_gets_a_small_batch_variant(tmp_path, target):
-    """A GEMM group over a symbolic batch carries `<name>_small` (one row per tile, no ragged-tail
-    predicates in its reduction) for batches below 8; CompiledGroup.run picks the variant as the
-    runtime does, so every batch from 1 to 17 checks one side of the switch or the other."""
+    """A GEMM group over a symbolic batch carries `<name>_small` (one row per tile) for batches
+    below its row tile less RAGGED_TILE_SLACK; CompiledGroup.run picks the variant as the runtime
+    does, so every batch from 1 to 17 checks one side of the switch or the other."""
     from onnxfuse.codegen import schedule
 
     model = lstm_cell_model()
     cg = compile_and_check(model, tmp_path, target, name="cell_variants", batches=range(1, 18))
-    assert cg.spec.small_batch_below == schedule.SMALL_BATCH_ROWS
-    assert cg.stats["small_batch_variant_below"] == schedule.SMALL_BATCH_ROWS
+    assert cg.spec.small_batch_below == cg.stats["tile_rows"] - schedule.RAGGED_TILE_SLACK
+    assert cg.stats["small_batch_variant_below"] == cg.spec.small_batch_below
     assert cg.spec.serial_variant and cg.stats["parallel"]  # its row loop is parallel: a serial twin too
     static = make_model(model.graph.node, [f32("x", [3, 24]), f32("h", [3, 16]), f32("c", [3, 16])],
                         [f32("h_out", [3, 16]), f32("c_out", [3, 16])],

@@ -214,6 +214,42 @@ def test_column_blocks_first_cells_match_onnxruntime(name, tmp_path):
         assert_outputs_match(*run_both(original, result.model_path, feeds))
 
 
+def test_the_small_batch_variant_takes_the_batches_below_the_row_tile_less_two():
+    """One whole row tile costs the main kernel about the same at any batch below it, the variant
+    a row at a time: a GEMM group switches at its tile's rows less two (4 with AVX-512's 6-row
+    tiles, 6 with 8-row ones); a tree walk keeps SMALL_BATCH_ROWS; a static batch needs none."""
+    from onnxfuse.codegen import relax_import
+    from onnxfuse.codegen.schedule import SMALL_BATCH_ROWS, small_batch_below
+
+    wide = relax_import.import_group(_model(64, 256, False)[0], "wide").prim_func
+    assert small_batch_below(schedule_group(wide, registers=AVX512)[1]) == 4
+    assert small_batch_below(schedule_group(wide, registers=AVX2)[1]) == 6
+    narrow = relax_import.import_group(_model(10, 30, True)[0], "gate").prim_func
+    assert small_batch_below(schedule_group(narrow, registers=AVX512)[1]) == GEMM_TILE_ROWS - 2
+    tree = relax_import.import_group(onnx.load(str(MODELS / "tree_trav_d3.onnx")), "tree").prim_func
+    assert small_batch_below(schedule_group(tree, registers=AVX512)[1]) == SMALL_BATCH_ROWS
+
+
+def test_a_portable_library_switches_each_level_at_its_own_threshold(tmp_path):
+    """The AVX-512 level tiles 6 rows, the AVX2 and baseline levels 8: each level's table row
+    carries its own threshold, and the kernel is right on both sides of each (every batch 1-9
+    against numpy, run at the best level here; CompiledGroup.run picks as the runtime does)."""
+    from onnxfuse.runtime.library import kernel_table_source, table_levels
+
+    model, weight = _model(64, 256, False)
+    target = resolve_target("portable")
+    compiled = compile_group(model, "wide_levels", target, tmp_path, host_kernel=True)
+    spec = compiled.spec
+    assert spec.level_small_batch_below == (4, 6, 6) and spec.small_batch_below == 4
+    source = kernel_table_source([spec], table_levels([spec], target), target.arch)
+    for suffix, below in zip(spec.levels, spec.level_small_batch_below):
+        assert f"__tvm_ffi_wide_levels__{suffix}_small, {below}," in source
+    for batch in range(1, 10):
+        x = np.random.default_rng(batch).standard_normal((batch, 64)).astype(np.float32)
+        (y,) = compiled.run({"x": x})
+        np.testing.assert_allclose(y, _numpy(x, weight, False), rtol=1e-4, atol=1e-4)
+
+
 def test_wide_gemms_take_six_row_tiles_on_avx512_and_narrow_ones_eight():
     """A GEMM whose columns fill 4 zmm vectors gets 6 x 4 register tiles in 6-row tiles; the seed
     gate's 32 padded columns (2 vectors) keep 4 x 2 tiles in 8-row tiles (6 x 2 was slower)."""

@@ -345,7 +345,7 @@ def test_duplication_bound_reaches_the_kernel_and_the_cache_key(tmp_path, cache)
 
 def test_verification_runs_both_gemm_variants(tmp_path, monkeypatch):
     """A MatMul group over a symbolic batch has a small-batch variant; verification must also run
-    a batch the main (8-row tile) schedule handles, not only the small sizes 1 and 3."""
+    a batch the main (row-tiled) schedule handles, not only the small sizes 1 and 3."""
     from onnxfuse.codegen.compile import CompiledGroup, compile_group
     from onnxfuse.codegen.worker import verify_kernel
     from onnxfuse.target import resolve_target
@@ -358,8 +358,11 @@ def test_verification_runs_both_gemm_variants(tmp_path, monkeypatch):
     original_run = CompiledGroup.run
     monkeypatch.setattr(CompiledGroup, "run", lambda self, feeds: batches.append(len(feeds["x"])) or original_run(self, feeds))
     assert verify_kernel(compiled, group)["checked"]
-    assert compiled.spec.small_batch_below == 8
-    assert min(batches) < 8 <= max(batches)
+    from onnxfuse.codegen.schedule import RAGGED_TILE_SLACK
+
+    below = compiled.spec.small_batch_below
+    assert below == compiled.stats["tile_rows"] - RAGGED_TILE_SLACK
+    assert min(batches) < below <= max(batches)
 
 
 def test_the_python_api_optimizes_twice_in_one_process(tmp_path, cache):

@@ -111,6 +111,22 @@ def test_each_level_has_its_table_and_cpu_check():
     assert "static int cpu_supports_2(void) { return 1; }" in source  # the baseline needs nothing
 
 
+def test_each_level_can_carry_its_own_small_batch_threshold():
+    """AVX-512 tiles 6 rows, AVX2 and the baseline 8: the table row of each level carries its own
+    threshold; a spec with thresholds for another number of levels is refused."""
+    target = resolve_target("x86_64")
+    from onnxfuse.kernel_spec import KernelSpec, TensorSpec
+
+    levels = tuple(level.suffix for level in target.levels)
+    spec = KernelSpec("k", (TensorSpec("float32", ("N", 4)),), (TensorSpec("float32", ("N", 4)),), "k.o",
+                      small_batch_below=4, levels=levels, level_small_batch_below=(4, 6, 6))
+    source = kernel_table_source([spec], table_levels([spec], target), target.arch)
+    for suffix, below in zip(("x86_64_v4", "x86_64_v3", "x86_64"), (4, 6, 6)):
+        assert f"__tvm_ffi_k__{suffix}, __tvm_ffi_k__{suffix}_small, {below}," in source
+    with pytest.raises(ValueError, match="2 small-batch thresholds for 3 levels"):
+        KernelSpec("k", (), (), "k.o", small_batch_below=4, levels=levels, level_small_batch_below=(4, 6))
+
+
 # ---- on this machine -----------------------------------------------------------------------------
 
 @x86_only

@@ -4,7 +4,8 @@ Stages (each failure is a one-line `CompileError("<stage>: <reason>")`):
 import (ONNX → Relax → one PrimFunc, relax_import.py) → schedule (schedule.py; never fails, it
 degrades; then bounds.py adds checks on data-dependent indices) → build (LLVM object file).
 A GEMM group over a symbolic batch gets a second function in the same object, `<name>_small`,
-scheduled for batches below schedule.SMALL_BATCH_ROWS (see schedule.needs_small_batch_variant),
+scheduled for small batches (schedule.needs_small_batch_variant; each level's threshold:
+schedule.small_batch_below),
 and a kernel with a parallel row loop over a symbolic batch gets `<name>_serial`, the same
 schedule with that loop serial, for calls that do not use the pool (schedule.needs_serial_variant).
 A target with several ISA levels gets all of that once per level, under level-suffixed names
@@ -256,12 +257,13 @@ def compile_group(
                          level_registers, serial_variant=serial_variant)[0]
 
     options = llvm_options(target, sched_stats.gather_chain)
-    small_below = schedule.SMALL_BATCH_ROWS if small_variant else 0
+    small_below = schedule.small_batch_below(sched_stats) if small_variant else 0
+    level_small_below = _level_small_batch_below(group.prim_func, target, sched_stats, small_below, max_duplication)
     inputs = tuple(TensorSpec(dtype, dims) for dtype, dims in group.input_types)
     outputs = tuple(TensorSpec(dtype, dims) for dtype, dims in group.output_types)
     try:
         spec = KernelSpec(name, inputs, outputs, str(pathlib.Path(out_dir) / f"{name}.o"),
-                          small_batch_below=small_below,
+                          small_batch_below=small_below, level_small_batch_below=level_small_below,
                           row_work=sched_stats.row_work if sched_stats.symbolic_rows else 0,
                           serial_variant=serial_variant,
                           levels=tuple(level.suffix for level in levels) if len(levels) > 1 else ())
@@ -282,6 +284,25 @@ def compile_group(
     stats["isa_levels"] = ",".join(level.name for level in levels)
     stats["fused_prim_funcs"] = 1  # import_group fails unless main calls exactly one PrimFunc
     return compiled
+
+
+def _level_small_batch_below(func, target: Target, best_stats, best_below: int, max_duplication: int) -> tuple[int, ...]:
+    """Each level's small-batch threshold, best level first (empty for one level): a level's
+    registers size its row tiles, and the threshold follows them (schedule.small_batch_below).
+    The lower levels are scheduled once more here for their stats (their kernels may be
+    scheduled and built in forked children, which report nothing back); a gather chain's or a
+    kernel without the variant needs no schedule to know."""
+    if len(target.levels) == 1:
+        return ()
+    thresholds = [best_below]
+    for level in target.levels[1:]:
+        below = best_below
+        if best_below and best_stats.register_tiles and not best_stats.gather_chain:
+            registers = register_file.for_target(target.tvm_target(level))
+            _, stats = _schedule_or_plain(_for_level(func, target, level), registers, max_duplication)
+            below = schedule.small_batch_below(stats) or best_below  # the variant exists at every level
+        thresholds.append(below)
+    return tuple(thresholds)
 
 
 def host_build_target(target: Target):

@@ -46,7 +46,8 @@ TILE_ELEMENTS = 8192  # elements of the widest intermediate row block kept per t
 MAX_TILE_ROWS = 256
 PARALLEL_MIN_ELEMENTS = 1 << 16  # static batches smaller than this stay single-threaded
 GEMM_TILE_ROWS = 8  # row tile of a group with a GEMM: 4 was slower at batch 64, 32 costs 2 us at batch 1
-SMALL_BATCH_ROWS = GEMM_TILE_ROWS  # batches below this run a GEMM group's small-batch variant
+SMALL_BATCH_ROWS = GEMM_TILE_ROWS  # batches below this run a gather chain's small-batch variant
+RAGGED_TILE_SLACK = 2  # a GEMM group's main kernel takes batches from its tile's rows minus this (small_batch_below)
 
 DEFAULT_MAX_DUPLICATION = 1  # see inline_cheap_producers; measured on the tree chains below
 
@@ -923,7 +924,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     allow_parallel=False gives the same schedule with a serial tile loop. The compiler does not
     ask for it: host_kernel.serial_loops derives it from the parallel schedule without scheduling
     again (test_host_kernel.py checks the two are equal). small_batch=True gives the variant for
-    batches below SMALL_BATCH_ROWS (one row per tile, serial; see needs_small_batch_variant).
+    small batches (one row per tile, serial; see needs_small_batch_variant, small_batch_below).
     registers: the target's vector registers, which size the GEMM register tile and every vector
     loop (register_file)."""
     stats = ScheduleStats()
@@ -968,16 +969,34 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
 
 
 def needs_small_batch_variant(stats: ScheduleStats) -> bool:
-    """A GEMM group over a symbolic batch gets a second kernel for batches below SMALL_BATCH_ROWS.
+    """A GEMM group over a symbolic batch gets a second kernel for small batches (small_batch_below).
 
-    Its row tiles hold gemm_tile_rows rows, so a smaller batch runs only the ragged tail tile,
-    whose per-row `row < N` predicates sit inside the reduction loop: LLVM then keeps the
-    accumulators in memory (a load, FMA, store chain per step). One row per tile has no ragged
-    tail and takes 16 accumulators in registers (LSTM cell at batch 1: 3.1 us -> 1.3 us), but
-    streams the weights once per row, which halves large-batch speed; so the runtime picks the
-    variant by batch. A gather chain (a tree walk) gets one whatever its tile: one row per tile
+    Its row tiles hold gemm_tile_rows rows, so a smaller batch runs one whole tile (clamped_tail;
+    before it, a tail tile whose per-row predicates kept the accumulators in memory). One row per
+    tile takes 16 accumulators in registers and costs a row at a time (LSTM cell at batch 1: 3.1 us
+    -> 1.3 us), but streams the weights once per row, which halves large-batch speed; so the
+    runtime picks the variant by batch. A gather chain (a tree walk) gets one whatever its tile: one row per tile
     walks the trees without a ragged tile's predicates (tree_schedule)."""
     return stats.symbolic_rows and (stats.gemm_sized_tiles or stats.gather_chain)
+
+
+def small_batch_below(stats: ScheduleStats) -> int:
+    """The batch below which the runtime calls the small-batch variant (0: the kernel has none).
+
+    The main kernel computes whole row tiles (clamped_tail), so below one tile it costs about one
+    tile whatever the batch, while the variant's cost grows by a row at a time. Measured on the
+    bundled cells (paired rounds, the main kernel forced at every batch against the variant):
+    with 6-row tiles (AVX-512) the two cross between batch 3 and 4 (`lstm_cell` 5.9 / 7.0 us for
+    the variant at 3 / 4 rows, the main kernel 6.5 us at both; at 6 rows 8.8 against 6.6 us), with
+    8-row tiles (the AVX2 level on the same CPU) between 5 and 6. A register-tiled GEMM group
+    thus switches at its tile's rows minus RAGGED_TILE_SLACK. Other groups keep SMALL_BATCH_ROWS:
+    a gather chain's variant also saves its predicates (tree_schedule), and a tile without a
+    GEMM reuses no weights across its rows, so computing past the batch buys nothing there."""
+    if not needs_small_batch_variant(stats):
+        return 0
+    if stats.gather_chain or not stats.register_tiles:
+        return SMALL_BATCH_ROWS
+    return max(1, stats.tile_rows - RAGGED_TILE_SLACK)
 
 
 def needs_serial_variant(stats: ScheduleStats) -> bool:

@@ -177,7 +177,8 @@ def kernel_table_source(kernels: Sequence[KernelSpec], levels: Sequence[TableLev
                             + ([serial_name] if kernel.serial_variant else []))
             for entry in entry_points:
                 lines.append(f"int __tvm_ffi_{entry}(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *ret);")
-            small = f"__tvm_ffi_{small_name}, {int(kernel.small_batch_below)}" if kernel.small_batch_below else "NULL, 0"
+            below = kernel.small_batch_below_at(level.suffix)
+            small = f"__tvm_ffi_{small_name}, {int(below)}" if kernel.small_batch_below else "NULL, 0"
             serial = f"__tvm_ffi_{serial_name}" if kernel.serial_variant else "NULL"
             level_entries.append(
                 f"    {{{c_string(kernel.name)}, __tvm_ffi_{name}, {small}, {serial}, {int(kernel.row_work)}, "
