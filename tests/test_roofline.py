@@ -92,17 +92,23 @@ def test_the_gemm_peak_is_a_measured_rate_below_any_x86_cores_limit():
     assert 1.0 < gemm_peak_gflops(1, size=128, calls=2) < 64 * 6.0
 
 
-def test_gemm_only_model_keeps_the_matmuls_and_what_feeds_them():
-    """An LSTM-like cell cut at its MatMuls: two outputs, equal to numpy's products; the state
-    input that only the cut-off gate math reads is gone."""
-    import onnxruntime as ort
-
+def small_cell():
+    """An LSTM-like cell: two MatMuls, their sum, a Sigmoid gate times the state c. (model, w, r)"""
     w, r = weights(8, 16, seed=1), weights(8, 16, seed=2)
     m = model(
         [node("MatMul", ["x", "w"], "xw"), node("MatMul", ["h", "r"], "hr"), node("Add", ["xw", "hr"], "g"),
          node("Sigmoid", ["g"], "s"), node("Mul", ["s", "c"], "y")],
         {"x": ("N", 8), "h": ("N", 8), "c": ("N", 16)}, {"y": ("N", 16)}, {"w": w, "r": r},
     )
+    return m, w, r
+
+
+def test_gemm_only_model_keeps_the_matmuls_and_what_feeds_them():
+    """An LSTM-like cell cut at its MatMuls: two outputs, equal to numpy's products; the state
+    input that only the cut-off gate math reads is gone."""
+    import onnxruntime as ort
+
+    m, w, r = small_cell()
     cut = gemm_only_model(m)
     assert [o.name for o in cut.graph.output] == ["xw", "hr"]
     assert sorted(i.name for i in cut.graph.input) == ["h", "x"]
@@ -119,12 +125,7 @@ def test_gemm_free_model_keeps_everything_but_the_matmuls_whose_outputs_become_i
     does; the inputs only the MatMuls read are gone."""
     import onnxruntime as ort
 
-    w, r = weights(8, 16, seed=1), weights(8, 16, seed=2)
-    m = model(
-        [node("MatMul", ["x", "w"], "xw"), node("MatMul", ["h", "r"], "hr"), node("Add", ["xw", "hr"], "g"),
-         node("Sigmoid", ["g"], "s"), node("Mul", ["s", "c"], "y")],
-        {"x": ("N", 8), "h": ("N", 8), "c": ("N", 16)}, {"y": ("N", 16)}, {"w": w, "r": r},
-    )
+    m, _, _ = small_cell()
     cut = gemm_free_model(m)
     assert [n.op_type for n in cut.graph.node] == ["Add", "Sigmoid", "Mul"]
     assert sorted(i.name for i in cut.graph.input) == ["c", "hr", "xw"]
