@@ -230,6 +230,26 @@ def test_the_small_batch_variant_takes_the_batches_below_the_row_tile_less_two()
     assert small_batch_below(schedule_group(tree, registers=AVX512)[1]) == SMALL_BATCH_ROWS
 
 
+@pytest.mark.parametrize("case", ["lstm_cell", "gru_cell", "lstm_gate", "wide", "seed_gate", "narrow"])
+def test_each_levels_threshold_derived_from_the_best_levels_schedule_is_its_own_schedules(case):
+    """The compiler derives a lower level's threshold from the AVX-512 schedule's stats
+    (small_batch_below_for_level) instead of scheduling that level again: the same number as the
+    level's own schedule gives, for wide, narrow and padded GEMMs and the bundled cells."""
+    from onnxfuse.codegen import relax_import
+    from onnxfuse.codegen.register_file import SSE
+    from onnxfuse.codegen.schedule import small_batch_below, small_batch_below_for_level
+
+    models = {"wide": lambda: _model(64, 256, False)[0], "seed_gate": lambda: _model(10, 30, True)[0],
+              "narrow": lambda: _model(16, 32, False)[0]}
+    model = models[case]() if case in models else onnx.load(str(MODELS / f"{case}.onnx"))
+    func = relax_import.import_group(model, case).prim_func
+    best = schedule_group(func, registers=AVX512)[1]
+    assert small_batch_below(best) > 0
+    for registers in (AVX2, SSE, NEON):
+        own = small_batch_below(schedule_group(func, registers=registers)[1])
+        assert small_batch_below_for_level(best, AVX512, registers) == own, registers
+
+
 def test_a_portable_library_switches_each_level_at_its_own_threshold(tmp_path):
     """The AVX-512 level tiles 6 rows, the AVX2 and baseline levels 8: each level's table row
     carries its own threshold, and the kernel is right on both sides of each (every batch 1-9

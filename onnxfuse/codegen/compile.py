@@ -258,7 +258,7 @@ def compile_group(
 
     options = llvm_options(target, sched_stats.gather_chain)
     small_below = schedule.small_batch_below(sched_stats) if small_variant else 0
-    level_small_below = _level_small_batch_below(group.prim_func, target, sched_stats, small_below, max_duplication)
+    level_small_below = _level_small_batch_below(target, sched_stats, registers) if small_variant else ()
     inputs = tuple(TensorSpec(dtype, dims) for dtype, dims in group.input_types)
     outputs = tuple(TensorSpec(dtype, dims) for dtype, dims in group.output_types)
     try:
@@ -286,23 +286,14 @@ def compile_group(
     return compiled
 
 
-def _level_small_batch_below(func, target: Target, best_stats, best_below: int, max_duplication: int) -> tuple[int, ...]:
+def _level_small_batch_below(target: Target, best_stats, best_registers: RegisterFile) -> tuple[int, ...]:
     """Each level's small-batch threshold, best level first (empty for one level): a level's
-    registers size its row tiles, and the threshold follows them (schedule.small_batch_below).
-    The lower levels are scheduled once more here for their stats (their kernels may be
-    scheduled and built in forked children, which report nothing back); a gather chain's or a
-    kernel without the variant needs no schedule to know."""
+    registers size its row tiles, and the threshold follows them (schedule.small_batch_below)."""
     if len(target.levels) == 1:
         return ()
-    thresholds = [best_below]
-    for level in target.levels[1:]:
-        below = best_below
-        if best_below and best_stats.register_tiles and not best_stats.gather_chain:
-            registers = register_file.for_target(target.tvm_target(level))
-            _, stats = _schedule_or_plain(_for_level(func, target, level), registers, max_duplication)
-            below = schedule.small_batch_below(stats) or best_below  # the variant exists at every level
-        thresholds.append(below)
-    return tuple(thresholds)
+    return tuple(schedule.small_batch_below_for_level(best_stats, best_registers,
+                                                      register_file.for_target(target.tvm_target(level)))
+                 for level in target.levels)
 
 
 def host_build_target(target: Target):

@@ -999,6 +999,20 @@ def small_batch_below(stats: ScheduleStats) -> int:
     return max(1, stats.tile_rows - RAGGED_TILE_SLACK)
 
 
+def small_batch_below_for_level(best: ScheduleStats, best_registers: RegisterFile, registers: RegisterFile) -> int:
+    """small_batch_below of another ISA level's schedule of the same kernel, from the best level's
+    stats, without scheduling again (a lower level may be scheduled in a forked child, which
+    reports nothing back; scheduling it twice cost 12% more compile time on the corpus). Its row
+    tile differs only where the best level's was the GEMM-filled one (gemm_tile_rows): columns
+    that fill the widest register tile fill every narrower one, so that level takes its own
+    gemm_tile_rows there; any other tile (a narrow GEMM's GEMM_TILE_ROWS) is the same at every
+    level. tests/test_gemm_schedule.py checks this against each level's real schedule."""
+    below = small_batch_below(best)
+    if not below or best.gather_chain or not best.register_tiles or best.tile_rows != gemm_tile_rows(best_registers):
+        return below
+    return max(1, gemm_tile_rows(registers) - RAGGED_TILE_SLACK)
+
+
 def needs_serial_variant(stats: ScheduleStats) -> bool:
     """A kernel whose row-tile loop runs in parallel over a symbolic batch gets a second function
     with that loop serial, for the calls the runtime makes without onnxruntime's pool (a batch
