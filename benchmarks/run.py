@@ -509,14 +509,15 @@ def run_cells() -> dict:
         onnx.save_model(gemm_only_model(original), str(gemms))
         onnx.save_model(gemm_free_model(original), str(work / f"{cell}.gate_math.onnx"))
         optimize(work / f"{cell}.gate_math.onnx", gate_math, cache_dir=str(KERNELS), select="all")
+        gate_inputs = [s.name for s in model_inputs(gate_math)]
         for batch in CELL_CEILING_BATCHES:
             log(f"{cell}: batch {batch}")
             feeds = random_inputs(model_inputs(path), batch)
             cell_run = ort_contender("onnxruntime", path, feeds, 1)
             matmuls_run = replace(ort_contender("MatMuls only", gemms, feeds, 1), checked=False)
             products = {name: np.array(a) for name, a in matmuls_run.outputs(matmuls_run.call()).items()}
-            gate_feeds = {**feeds, **products}  # the gate math of these very inputs
-            gate_feeds = {s.name: gate_feeds[s.name] for s in model_inputs(gate_math)}
+            available = {**feeds, **products}  # the gate math of these very inputs
+            gate_feeds = {name: available[name] for name in gate_inputs}
             contenders = [cell_run, matmuls_run, ort_contender("onnxfuse", fused, feeds, 1),
                           replace(ort_contender("gate math", gate_math, gate_feeds, 1), checked=False)]
             timings = race(contenders, cell_run.outputs(cell_run.call()), rounds=CELL_CEILING_ROUNDS)

@@ -42,7 +42,7 @@ from .measure.inputs import (
     model_inputs,
 )
 from .measure.peers import IREE, OPENVINO, iree_build_worker, not_installed, peer_contenders
-from .measure.timing import BUDGET_SECONDS, ROUND_SECONDS, ROUNDS, Timing, race
+from .measure.timing import BUDGET_SECONDS, CHECK_RTOL, ROUND_SECONDS, ROUNDS, Timing, race
 from .pipeline import optimize
 from .report import render_table
 
@@ -427,7 +427,7 @@ def format_cell(cell: dict, baseline: bool = False) -> str:
 def bitwise_legend(results: Sequence[ModelBench]) -> str | None:
     """The line that explains '≠', when a table shows one."""
     if any(cell.get("bitwise_equal") is False for r in results for run in r.runs for cell in run["contenders"].values()):
-        return (f"{NOT_BITWISE}: outputs within tolerance of onnxruntime's on the original model (rtol 1e-3), "
+        return (f"{NOT_BITWISE}: outputs within tolerance of onnxruntime's on the original model (rtol {CHECK_RTOL:g}), "
                 f"not bit for bit")
     return None
 

@@ -975,13 +975,14 @@ def needs_small_batch_variant(stats: ScheduleStats) -> bool:
     before it, a tail tile whose per-row predicates kept the accumulators in memory). One row per
     tile takes 16 accumulators in registers and costs a row at a time (LSTM cell at batch 1: 3.1 us
     -> 1.3 us), but streams the weights once per row, which halves large-batch speed; so the
-    runtime picks the variant by batch. A gather chain (a tree walk) gets one whatever its tile: one row per tile
-    walks the trees without a ragged tile's predicates (tree_schedule)."""
+    runtime picks the variant by batch. A gather chain (a tree walk) gets one whatever its tile:
+    one row per tile walks the trees without a ragged tile's predicates (tree_schedule)."""
     return stats.symbolic_rows and (stats.gemm_sized_tiles or stats.gather_chain)
 
 
-def small_batch_below(stats: ScheduleStats) -> int:
-    """The batch below which the runtime calls the small-batch variant (0: the kernel has none).
+def small_batch_below(stats: ScheduleStats, tile_rows: int | None = None) -> int:
+    """The batch below which the runtime calls the small-batch variant (0: the kernel has none);
+    `tile_rows`: another level's row tile for the same kernel (small_batch_below_for_level).
 
     The main kernel computes whole row tiles (clamped_tail), so below one tile it costs about one
     tile whatever the batch, while the variant's cost grows by a row at a time. Measured on the
@@ -996,7 +997,7 @@ def small_batch_below(stats: ScheduleStats) -> int:
         return 0
     if stats.gather_chain or not stats.register_tiles:
         return SMALL_BATCH_ROWS
-    return max(1, stats.tile_rows - RAGGED_TILE_SLACK)
+    return max(1, (tile_rows or stats.tile_rows) - RAGGED_TILE_SLACK)
 
 
 def small_batch_below_for_level(best: ScheduleStats, best_registers: RegisterFile, registers: RegisterFile) -> int:
@@ -1007,10 +1008,8 @@ def small_batch_below_for_level(best: ScheduleStats, best_registers: RegisterFil
     that fill the widest register tile fill every narrower one, so that level takes its own
     gemm_tile_rows there; any other tile (a narrow GEMM's GEMM_TILE_ROWS) is the same at every
     level. tests/test_gemm_schedule.py checks this against each level's real schedule."""
-    below = small_batch_below(best)
-    if not below or best.gather_chain or not best.register_tiles or best.tile_rows != gemm_tile_rows(best_registers):
-        return below
-    return max(1, gemm_tile_rows(registers) - RAGGED_TILE_SLACK)
+    filled = best.tile_rows == gemm_tile_rows(best_registers)
+    return small_batch_below(best, gemm_tile_rows(registers) if filled else best.tile_rows)
 
 
 def needs_serial_variant(stats: ScheduleStats) -> bool:

@@ -130,11 +130,14 @@ def race(contenders: Sequence[Contender], reference: dict[str, np.ndarray], roun
     for contender in contenders:
         try:
             result = contender.call()  # also the warm-up
-            mismatch = check_outputs(reference, contender.outputs(result)) if contender.checked else None
-            if mismatch is not None:
-                results[contender.name] = f"refused: {mismatch}"
-                continue
-            exact[contender.name] = bitwise_equal(reference, contender.outputs(result)) if contender.checked else None
+            exact[contender.name] = None
+            if contender.checked:
+                outputs = contender.outputs(result)
+                mismatch = check_outputs(reference, outputs)
+                if mismatch is not None:
+                    results[contender.name] = f"refused: {mismatch}"
+                    continue
+                exact[contender.name] = bitwise_equal(reference, outputs)
             start = time.perf_counter()
             contender.call()
             once = max(time.perf_counter() - start, 1e-7)
