@@ -15,12 +15,14 @@ from ..errors import CompileError
 from ..ir import Graph, Value
 from .float32_boundaries import carrying_group_model
 from .forward_graph import SHAPE_FROM_OUTPUT
+from .onnxruntime_gelu import as_onnxruntime_computes
 from .plan import FusedGroup
 from .rebuilt_shapes import dim_sources, shape_nodes
 
 
 def extract_group(graph: Graph, group: FusedGroup) -> onnx.ModelProto:
     """`graph`: the model's; a group inside a subgraph body is cut out of that body."""
+    gelus = graph.onnxruntime_gelus
     graph = graph.scope(group.scope)
     members = [graph.nodes[i] for i in group.node_indices]
     protos = [_copy(graph.model.graph.node[n.index]) for n in members]
@@ -39,6 +41,9 @@ def extract_group(graph: Graph, group: FusedGroup) -> onnx.ModelProto:
                 shape_protos += nodes
                 initializers.update((c.name, c) for c in constants)
             proto.input[1] = name
+    if gelus:
+        protos, constants = as_onnxruntime_computes(protos, group.outputs, gelus, _adds(graph), _float32_values(graph))
+        initializers.update((c.name, c) for c in constants)
     protos = shape_protos + protos
 
     used = {i for p in protos for i in p.input if i}
@@ -63,6 +68,15 @@ def extract_group(graph: Graph, group: FusedGroup) -> onnx.ModelProto:
 
 
 MIN_GROUP_OPSET = 13
+
+
+def _adds(graph: Graph) -> dict[tuple, str]:
+    return {tuple(sorted(n.inputs)): n.outputs[0] for n in graph.nodes
+            if n.op_type == "Add" and n.domain in ("", "ai.onnx") and len(n.inputs) == 2}
+
+
+def _float32_values(graph: Graph) -> set[str]:
+    return {name for name, value in graph.values.items() if value.dtype == "float32"}
 
 
 def _modernized(model: onnx.ModelProto) -> onnx.ModelProto:

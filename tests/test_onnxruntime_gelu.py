@@ -1,0 +1,95 @@
+"""GELU chains as exporters write them, compiled, against onnxruntime on the original model bit
+for bit: where onnxruntime fuses the chain into its Gelu or BiasGelu kernel
+(fusion/onnxruntime_gelu.py compiles that kernel's formula) and where it leaves the ops alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx_builder import model, node
+from test_ieee_order import assert_bitwise_equal, fused_session, original_session
+
+from onnxfuse.fusion.onnxruntime_gelu import FusedGelu, as_onnxruntime_computes, onnxruntime_gelus
+
+F32 = np.float32
+WIDTH = 256
+CONSTANTS = {"sqrt2": np.array(1.4142135, F32), "one": np.array(1.0, F32), "half": np.array(0.5, F32)}
+
+# name → the nodes from x to y (x / sqrt(2) → Erf → + 1, then the two products in the order named)
+CHAINS = {
+    # PyTorch's TorchScript exporter: (x (erf + 1)) 0.5; onnxruntime fuses it
+    "x_times_erf_then_half": [node("Mul", ["x", "erf1"], "xe"), node("Mul", ["xe", "half"], "y")],
+    # (0.5 x) (erf + 1); onnxruntime fuses it
+    "half_x_first": [node("Mul", ["x", "half"], "hx"), node("Mul", ["hx", "erf1"], "y")],
+    # PyTorch's dynamo exporter: x (0.5 (erf + 1)); onnxruntime 1.32 leaves it as ops
+    "half_erf_then_x": [node("Mul", ["half", "erf1"], "he"), node("Mul", ["x", "he"], "y")],
+}
+ERF_PLUS_ONE = [node("Div", ["x", "sqrt2"], "d"), node("Erf", ["d"], "e"), node("Add", ["e", "one"], "erf1")]
+
+
+def gelu_model(chain: str, bias: bool) -> onnx.ModelProto:
+    """y = GELU(x) with x the input, or with bias: x = input + a bias (onnxruntime's BiasGelu)."""
+    inits = dict(CONSTANTS)
+    nodes = ERF_PLUS_ONE + CHAINS[chain]
+    if bias:
+        inits["b"] = np.linspace(-1, 1, WIDTH, dtype=F32)
+        nodes = [node("Add", ["input", "b"], "x"), *nodes]
+    source = "input" if bias else "x"
+    return model(nodes, {source: ("N", WIDTH)}, {"y": ("N", WIDTH)}, inits)
+
+
+def inputs(rows: int) -> np.ndarray:
+    """Dense over the erf's two pieces and its clamp (|x / sqrt(2)| = 0.921875 and 3.925), far
+    out, tiny, subnormal, ±0, ±inf and NaN."""
+    rng = np.random.default_rng(rows)
+    values = np.concatenate([rng.standard_normal(rows * WIDTH - 14).astype(F32) * 3,
+                             np.array([1.3037, -1.3037, 5.5508, -5.5508, 1e3, -1e3, 1e-30, -1e-42, 0.0, -0.0,
+                                       np.inf, -np.inf, np.nan, 3e38], F32)])
+    return values.reshape(rows, WIDTH)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("chain", list(CHAINS))
+def test_gelu_chains_give_onnxruntimes_bits(tmp_path, chain, bias):
+    m = gelu_model(chain, bias)
+    fused, original = fused_session(m, tmp_path), original_session(m)
+    name = original.get_inputs()[0].name
+    for rows in (1, 3, 64):
+        x = inputs(rows)
+        assert_bitwise_equal(fused.run(None, {name: x})[0], original.run(None, {name: x})[0])
+
+
+def test_onnxruntime_reports_the_chains_it_fuses_by_their_values():
+    gelus = onnxruntime_gelus(gelu_model("x_times_erf_then_half", bias=True))
+    assert gelus == (FusedGelu(("input", "b"), "y"),)
+    assert onnxruntime_gelus(model([node("Relu", ["x"], "y")], {"x": ("N", 4)}, {"y": ("N", 4)})) == ()
+
+
+@pytest.mark.parametrize("chain", list(CHAINS))
+def test_only_the_chains_onnxruntime_fused_are_rewritten(chain):
+    m = gelu_model(chain, bias=False)
+    nodes, constants = as_onnxruntime_computes(list(m.graph.node), ["y"], onnxruntime_gelus(m), {}, {"x"})
+    if chain == "half_erf_then_x":  # left as ops by onnxruntime 1.32: the oracle decides, not the pattern
+        assert onnxruntime_gelus(m) == () and nodes == list(m.graph.node) and constants == []
+    else:
+        assert [n.op_type for n in nodes] == ["Mul", "Erf", "Add", "Mul", "Mul"]
+        assert nodes[0].input[0] == "x" and nodes[-1].output[0] == "y" and len(constants) == 3
+
+
+def test_a_chain_split_between_groups_is_left_as_it_is():
+    """A group that returns one of the chain's inner values (its Erf) cannot drop that node."""
+    m = gelu_model("x_times_erf_then_half", bias=False)
+    nodes, _ = as_onnxruntime_computes(list(m.graph.node), ["y", "e"], onnxruntime_gelus(m), {}, {"x"})
+    assert nodes == list(m.graph.node)
+
+
+def test_a_chain_whose_inner_value_is_also_an_output_keeps_its_ops(tmp_path):
+    """onnxruntime does not fuse a chain whose Erf result the model also returns; nor does the pass."""
+    m = gelu_model("x_times_erf_then_half", bias=False)
+    m.graph.output.append(onnx.helper.make_tensor_value_info("e", onnx.TensorProto.FLOAT, ["N", WIDTH]))
+    assert onnxruntime_gelus(m) == ()
+    fused, original = fused_session(m, tmp_path), original_session(m)
+    x = inputs(3)
+    for got, expected in zip(fused.run(None, {"x": x}), original.run(None, {"x": x})):
+        assert_bitwise_equal(got, expected)
