@@ -159,11 +159,6 @@ def _fast_tanh(x: te.Tensor) -> te.Tensor:
     return te.compute(x.shape, lambda *i: _odd_rational(x(*i), TANH_CLAMP, TANH_P, TANH_Q), name="fast_tanh")
 
 
-def _keeping_nan(x: te.Tensor, approximation: te.Tensor) -> te.Tensor:
-    """NaN where x is NaN: the erf clamps |x| with min, which may turn NaN into the bound."""
-    return te.compute(x.shape, lambda *i: tvm.tirx.Select(tvm.tirx.isnan(x(*i)), x(*i), approximation(*i)), name="keep_nan")
-
-
 # onnxruntime's float32 Erf (MLAS's erf kernel, every x86 level and its generic one) is
 # piecewise on a = min(|x|, 3.925), with the sign put back at the end:
 #   a <= 0.921875: a + a s(a^2), s a degree-5 polynomial;
@@ -174,8 +169,8 @@ def _keeping_nan(x: te.Tensor, approximation: te.Tensor) -> te.Tensor:
 # where the level has FMA, as onnxruntime's FMA kernels fuse them and its generic kernel does not).
 # The same form with the same float32 coefficients matched onnxruntime's Erf bit for bit on 2.1
 # million inputs (AVX-512 natively; AVX2 and the no-FMA baseline under qemu), tiny and subnormal
-# ones included. topi's fast_erf (a rational function: a vector division per element) was up to
-# 7 ulp from it and took longer.
+# ones included. topi's fast_erf (a rational function) was up to 7 ulp from it, and faster: one
+# vector division against two polynomials and an exp per element (docs/numerics.md).
 ERF_CLAMP = 3.925
 ERF_SPLIT = 0.921875
 ERF_SMALL = (-5.99104969e-4, 4.99339588e-3, -2.67667342e-2, 1.12818025e-1, -3.76124859e-1,
@@ -189,19 +184,21 @@ ERF_EXP_POLY = (1.38319808e-3, 8.37550033e-3, 4.16689515e-2, 1.66664466e-1, 4.99
 _SIGN_BIT = -0x80000000
 
 
-def erf_value(x, bind=lambda value: value):
-    """onnxruntime's float32 erf of one PrimExpr (above); a NaN x is left to the caller. On the
-    big side -(a + a b(a)) >= -18.4, so 2^n is a normal float and no clamp is needed."""
+def erf_value(x):
+    """onnxruntime's float32 erf of one PrimExpr (above). A NaN x stays NaN: the clamp is a select
+    that passes it (no compare on it is true), as onnxruntime's min does. On the big side
+    -(a + a b(a)) >= -18.4, so 2^n is a normal float and no clamp is needed there."""
     f32, i32 = "float32", "int32"
     const = tvm.tirx.const
-    magnitude = bind(tvm.tirx.min(tvm.tirx.abs(x), const(ERF_CLAMP, f32)))
-    small = _horner(bind(magnitude * magnitude), ERF_SMALL, f32) * magnitude + magnitude
-    big = bind(-(_horner(magnitude, ERF_BIG, f32) * magnitude + magnitude))
+    absolute = tvm.tirx.abs(x)
+    magnitude = tvm.tirx.Select(absolute > const(ERF_CLAMP, f32), const(ERF_CLAMP, f32), absolute)
+    small = _horner(magnitude * magnitude, ERF_SMALL, f32) * magnitude + magnitude
+    big = -(_horner(magnitude, ERF_BIG, f32) * magnitude + magnitude)
     rounder = const(ERF_EXP_ROUNDER, f32)
-    bits = bind(tvm.tirx.reinterpret(i32, const(ERF_EXP_LOG2E, f32) * big + rounder))
+    bits = tvm.tirx.reinterpret(i32, const(ERF_EXP_LOG2E, f32) * big + rounder)
     # Through the bits, so no simplifier folds (t + K) - K back to t.
-    n = bind(tvm.tirx.reinterpret(f32, bits) - rounder)
-    reduced = bind(n * const(ERF_EXP_LN2_LO, f32) + (n * const(ERF_EXP_LN2_HI, f32) + big))
+    n = tvm.tirx.reinterpret(f32, bits) - rounder
+    reduced = n * const(ERF_EXP_LN2_LO, f32) + (n * const(ERF_EXP_LN2_HI, f32) + big)
     exponent = bits - tvm.tirx.reinterpret(i32, rounder) + const(127, i32)
     scale = tvm.tirx.reinterpret(f32, exponent << const(23, i32))
     above = const(1.0, f32) - _horner(reduced, ERF_EXP_POLY, f32) * scale
@@ -241,7 +238,7 @@ def _fast_log_softmax(x: te.Tensor, axis: int) -> te.Tensor:
 _REWRITES = {
     "relax.exp": lambda x, attrs: _fast_exp(x),
     "relax.tanh": lambda x, attrs: _fast_tanh(x),
-    "relax.erf": lambda x, attrs: _keeping_nan(x, _fast_erf(x)),
+    "relax.erf": lambda x, attrs: _fast_erf(x),
     "relax.sigmoid": lambda x, attrs: _fast_sigmoid(x),
     "relax.nn.softmax": lambda x, attrs: _fast_softmax(x, int(attrs.axis)),
     "relax.nn.log_softmax": lambda x, attrs: _fast_log_softmax(x, int(attrs.axis)),
