@@ -143,8 +143,12 @@ def speedup_text(timing: list[dict], at: str) -> str:
 
 def verdict_text(row: dict) -> str:
     v = row.get("verify", {})
+    if v.get("ok") and v.get("bitwise"):
+        return "match, same bits"
     if v.get("ok"):
-        return "match"
+        outputs = v.get("outputs", [])
+        differing, elements = (sum(o.get(k) or 0 for o in outputs) for k in ("differing_elements", "elements"))
+        return f"match ({differing:,} of {elements:,} elements differ)"
     if "error" in v:
         return f"error: {v['error'][:60]}"
     worst = next((o for o in v.get("outputs", []) if o["name"] == v.get("worst")), {})

@@ -185,7 +185,10 @@ def optimize(model, output, target, mcpu, mattr, max_depth, max_inputs, max_dupl
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as one JSON object.")
 @clean_errors
 def verify(original, fused, rtol, atol, norm_rtol, runs, inputs, dims, as_json) -> None:
-    """Run ORIGINAL and FUSED under onnxruntime on the same inputs; exit 0 only if all outputs match."""
+    """Run ORIGINAL and FUSED under onnxruntime on the same inputs; exit 0 only if all outputs match.
+
+    Each output is also reported as the same bits as the original's (NaN matching NaN) or as how
+    many of its elements differ; "match, bit for bit" when all are the same bits."""
     from onnxfuse.verify import verify_models
 
     result = verify_models(original, fused, rtol=rtol, atol=atol, runs=runs, inputs=inputs, dims=parse_dims(dims),
@@ -195,10 +198,11 @@ def verify(original, fused, rtol, atol, norm_rtol, runs, inputs, dims, as_json) 
                                "tolerance": {"rtol": rtol, "atol": atol, "norm_rtol": norm_rtol}}))
         sys.exit(0 if result.ok else EXIT_FAILED)
     for o in result.outputs:
-        click.echo(f"  {'ok  ' if o.ok else 'FAIL'} {o.name}: max abs error {o.max_abs_error:.3g}, "
+        bits = "same bits" if o.bitwise else f"{o.differing:,} of {o.elements:,} elements differ"
+        click.echo(f"  {'ok  ' if o.ok else 'FAIL'} {o.name}: {bits}; max abs error {o.max_abs_error:.3g}, "
                    f"max rel error {o.max_rel_error:.3g}")
     worst = result.worst
-    verdict = "match" if result.ok else "MISMATCH"
+    verdict = ("match, bit for bit" if result.bitwise else "match") if result.ok else "MISMATCH"
     click.echo(f"{verdict}: {len(result.outputs)} outputs over {result.runs} runs; worst {worst.name} "
                f"(max abs error {worst.max_abs_error:.3g}, rtol {rtol}, atol {atol})")
     sys.exit(0 if result.ok else EXIT_FAILED)

@@ -28,6 +28,20 @@ class OutputComparison:
     max_abs_error: float
     max_rel_error: float
     ok: bool
+    differing: int = 0
+    """Elements whose bits differ from the original's (NaN matching NaN): 0 is the same answers
+    bit for bit, which the tolerance cannot tell from close ones."""
+    elements: int = 0
+
+    @property
+    def bitwise(self) -> bool:
+        return self.ok and self.differing == 0
+
+    def merged(self, other: OutputComparison) -> OutputComparison:
+        """Both runs' comparisons of this output as one: the worse errors, the elements summed."""
+        return OutputComparison(self.name, max(self.max_abs_error, other.max_abs_error),
+                                max(self.max_rel_error, other.max_rel_error), self.ok and other.ok,
+                                self.differing + other.differing, self.elements + other.elements)
 
 
 @dataclass
@@ -38,13 +52,19 @@ class VerifyResult:
     def to_json(self) -> dict:
         """The verdict `onnxfuse verify --json` prints."""
         worst = self.worst
-        return {"ok": self.ok, "runs": self.runs, "worst": worst.name if worst else None,
-                "outputs": [{"name": o.name, "ok": o.ok, "max_abs_error": _finite(o.max_abs_error),
-                             "max_rel_error": _finite(o.max_rel_error)} for o in self.outputs]}
+        return {"ok": self.ok, "bitwise": self.bitwise, "runs": self.runs, "worst": worst.name if worst else None,
+                "outputs": [{"name": o.name, "ok": o.ok, "bitwise": o.bitwise, "max_abs_error": _finite(o.max_abs_error),
+                             "max_rel_error": _finite(o.max_rel_error), "differing_elements": o.differing,
+                             "elements": o.elements} for o in self.outputs]}
 
     @property
     def ok(self) -> bool:
         return all(o.ok for o in self.outputs)
+
+    @property
+    def bitwise(self) -> bool:
+        """Every output the original's bits (NaN matching NaN) on every run."""
+        return all(o.bitwise for o in self.outputs)
 
     @property
     def worst(self) -> OutputComparison:
@@ -64,21 +84,33 @@ small value carries rounding error of the terms' size, which an element-wise rto
 def compare_arrays(
     name: str, expected: np.ndarray, actual: np.ndarray, rtol: float, atol: float, norm_rtol: float = NORM_RTOL
 ) -> OutputComparison:
-    """|actual - expected| <= atol + rtol·|expected| + norm_rtol·max|expected|, NaNs in the same places."""
+    """|actual - expected| <= atol + rtol·|expected| + norm_rtol·max|expected|, NaNs in the same
+    places; and how many elements differ in their bits."""
     if expected.shape != actual.shape or expected.dtype != actual.dtype:
-        return OutputComparison(name, float("inf"), float("inf"), False)
+        return OutputComparison(name, float("inf"), float("inf"), False, expected.size, expected.size)
     if expected.size == 0:
         return OutputComparison(name, 0.0, 0.0, True)
+    differing = differing_elements(expected, actual)
     if expected.dtype.kind in "biu":
         diff = np.abs(expected.astype(np.int64) - actual.astype(np.int64))
-        return OutputComparison(name, float(diff.max()), float(diff.max()), bool((diff == 0).all()))
+        return OutputComparison(name, float(diff.max()), float(diff.max()), bool((diff == 0).all()), differing,
+                                expected.size)
     e, a = expected.astype(np.float64), actual.astype(np.float64)
     same_nan = np.isnan(e) == np.isnan(a)
     e, a = np.nan_to_num(e), np.nan_to_num(a)
     diff = np.abs(e - a)
     rel = diff / np.maximum(np.abs(e), 1e-12)
     ok = bool(same_nan.all() and np.all(diff <= atol + rtol * np.abs(e) + norm_rtol * np.abs(e).max()))
-    return OutputComparison(name, float(diff.max()), float(rel.max()), ok)
+    return OutputComparison(name, float(diff.max()), float(rel.max()), ok, differing, expected.size)
+
+
+def differing_elements(expected: np.ndarray, actual: np.ndarray) -> int:
+    """Elements of two same-shaped arrays whose bytes differ; NaN matches NaN (any payload)."""
+    if expected.dtype.kind not in "fc" or expected.dtype.itemsize not in (2, 4, 8):
+        return int(np.count_nonzero(expected != actual))
+    bits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[expected.dtype.itemsize]
+    same = np.ascontiguousarray(expected).view(bits) == np.ascontiguousarray(actual).view(bits)
+    return int(np.count_nonzero(~(same | (np.isnan(expected) & np.isnan(actual)))))
 
 
 def verify_models(
@@ -124,15 +156,13 @@ def verify_models(
             ) from None
     del reference
     candidate = _open(InferenceSession, fused)
-    worst: dict[str, OutputComparison] = {}
+    compared: dict[str, OutputComparison] = {}
     for feeds, expected in zip(feed_sets, expected_sets):
         actual = candidate.run(None, feeds)
         for name, e, a in zip(names, expected, actual):
             cmp = compare_arrays(name, np.asarray(e), np.asarray(a), rtol, atol, norm_rtol)
-            before = worst.get(name)
-            if before is None or (not cmp.ok, cmp.max_abs_error) > (not before.ok, before.max_abs_error):
-                worst[name] = cmp
-    return VerifyResult(len(feed_sets), list(worst.values()))
+            compared[name] = compared[name].merged(cmp) if name in compared else cmp
+    return VerifyResult(len(feed_sets), list(compared.values()))
 
 
 def _open(session_type, path):

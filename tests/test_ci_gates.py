@@ -155,9 +155,24 @@ def test_verify_json_verdict(tmp_path, cache):
     assert ok.exit_code == 0, ok.output
     verdict = json.loads(ok.stdout)
     assert verdict["ok"] is True and verdict["runs"] == 3 and verdict["outputs"][0]["ok"] is True
+    assert verdict["bitwise"] is True and verdict["outputs"][0]["differing_elements"] == 0
+    assert verdict["outputs"][0]["elements"] > 0
     for name, op in (("a.onnx", "Relu"), ("b.onnx", "Sigmoid")):
         onnx.save(model([node(op, ["x"], "y")], {"x": (2, 3)}, {"y": (2, 3)}), str(tmp_path / name))
     bad = CliRunner().invoke(main, ["verify", str(tmp_path / "a.onnx"), str(tmp_path / "b.onnx"), "--json"])
     assert bad.exit_code == 1
     verdict = json.loads(bad.stdout)
     assert verdict["ok"] is False and verdict["worst"] == "y" and verdict["outputs"][0]["max_abs_error"] > 0.1
+    assert verdict["bitwise"] is False and verdict["outputs"][0]["differing_elements"] > 0
+
+
+def test_verify_tells_close_answers_from_the_same_bits(tmp_path):
+    """Outputs one ulp apart pass the tolerance; the verdict still says they are not the same bits."""
+    for name, factor in (("a.onnx", 1.0), ("b.onnx", 1.0000001)):
+        onnx.save(model([node("Mul", ["x", "k"], "y")], {"x": (4, 8)}, {"y": (4, 8)},
+                        {"k": np.array(factor, np.float32)}), str(tmp_path / name))
+    close = CliRunner().invoke(main, ["verify", str(tmp_path / "a.onnx"), str(tmp_path / "b.onnx"), "--runs", "1"])
+    assert close.exit_code == 0, close.output
+    assert "elements differ" in close.output and "bit for bit" not in close.output
+    same = CliRunner().invoke(main, ["verify", str(tmp_path / "a.onnx"), str(tmp_path / "a.onnx"), "--runs", "1"])
+    assert same.exit_code == 0 and "match, bit for bit" in same.output and "y: same bits" in same.output
