@@ -145,6 +145,7 @@ typedef struct {
 
 static pthread_mutex_t registration_lock = PTHREAD_MUTEX_INITIALIZER;
 static const OrtApi *ort;                  /* set once, before any op exists */
+static int shape_by_reference;             /* the running onnxruntime reads dims without allocating */
 static int default_num_tasks = 1;
 static OrtCustomOpDomain *domain;          /* kept for the library's lifetime: ORT does not own it */
 static registered_op ops[NUM_KERNELS];
@@ -315,8 +316,26 @@ static void describe_tensor(DLTensor *t, const tensor_desc *desc, int64_t *shape
     t->byte_offset = 0;
 }
 
+/* An input's element type and dims without allocating (API 24+): NULL status, or a failure. */
+static OrtStatus *read_input_by_reference(const kernel_desc *k, int32_t index, const OrtValue *value, int64_t *dims) {
+    const tensor_desc *desc = &k->inputs[index];
+    ONNXTensorElementDataType type = 0;
+    const int64_t *shape = NULL;
+    size_t rank = 0;
+    OrtStatus *status = ORT_API_FN(ort, GetTensorElementTypeAndShapeDataReference)(value, &type, &shape, &rank);
+    if (status) return status;
+    if (type != desc->type)
+        return fail(ORT_INVALID_ARGUMENT, k, "input %d has element type %s, expected %s", index, type_name(type),
+                    type_name(desc->type));
+    if (rank != (size_t)desc->rank)
+        return fail(ORT_INVALID_ARGUMENT, k, "input %d has rank %zu, expected %d", index, rank, desc->rank);
+    if (rank) memcpy(dims, shape, rank * sizeof *dims);
+    return NULL;
+}
+
 /* Reads an input's element type and dims (into `dims`, which holds `desc->rank` values). */
 static OrtStatus *read_input(const kernel_desc *k, int32_t index, const OrtValue *value, int64_t *dims) {
+    if (shape_by_reference) return read_input_by_reference(k, index, value, dims);
     const tensor_desc *desc = &k->inputs[index];
     OrtTensorTypeAndShapeInfo *info = NULL;
     OrtStatus *status = ORT_API_FN(ort, GetTensorTypeAndShape)(value, &info);
@@ -845,6 +864,10 @@ static OrtStatus *create_domain(const OrtApiBase *base) {
                  ORT_API_VERSION_NEEDED, ORT_API_VERSION_NEEDED, running);
         return ORT_API_FN(oldest, CreateStatus)(ORT_FAIL, message);
     }
+    /* ONNXFUSE_ORT_API=N: use no slot newer than C API N, as on an older onnxruntime (tests). */
+    const char *api_cap = getenv("ONNXFUSE_ORT_API");
+    shape_by_reference = (!api_cap || atoi(api_cap) >= ORT_API_VERSION_SHAPE_REFERENCE) &&
+                         base->GetApi(ORT_API_VERSION_SHAPE_REFERENCE) != NULL;
     pthread_once(&level_once, choose_level);
     if (!chosen_level) return ORT_API_FN(ort, CreateStatus)(ORT_FAIL, level_message);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);

@@ -119,7 +119,16 @@ typedef OrtStatus *(*ort_SetSymbolicDimensions_fn)(OrtTensorTypeAndShapeInfo *in
 typedef OrtStatus *(*ort_KernelContext_ParallelFor_fn)(const OrtKernelContext *ctx, void (*fn)(void *user, size_t i),
                                                        size_t total, size_t num_batch, void *user);
 
-/* The oldest API with every slot above (onnxruntime 1.17). GetApi(v) hands any runtime that
+/* The element type and dims of a tensor without allocating (the dims stay owned by the value):
+ * API 24+ (onnxruntime 1.24), the last slot that version added. Used only where GetApi(24) says
+ * the running onnxruntime has it; older ones take GetTensorTypeAndShape, which allocates. */
+#define ORT_SLOT_GetTensorElementTypeAndShapeDataReference 414
+typedef OrtStatus *(*ort_GetTensorElementTypeAndShapeDataReference_fn)(const OrtValue *value,
+                                                                        ONNXTensorElementDataType *type,
+                                                                        const int64_t **dims, size_t *count);
+#define ORT_API_VERSION_SHAPE_REFERENCE 24
+
+/* The oldest API with every slot above but the optional one (onnxruntime 1.17). GetApi(v) hands any runtime that
  * knows v the same table, which only ever grows, so asking for the oldest one we need is what
  * keeps newer releases working. */
 #define ORT_API_VERSION_NEEDED 17
