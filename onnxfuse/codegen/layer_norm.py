@@ -9,13 +9,13 @@ sixteen copies of 1e18 is not 1e18, so a constant row normalized to ±1 instead 
   (`d = x - m; m += d / k; M2 += d * (x - m)`), then `(x - m) / sqrt(M2 / n + eps) * scale + bias`,
   every operation rounded on its own. A row [3e38, -3e38] has mean -inf there and gives NaN.
 - rows of 8 or more: the mean summed in double; the variance the sum of (x - mean)^2 in float
-  (in 8 lanes with fused multiply-adds on an AVX2 CPU); `rstd = 1 / sqrt(var / n + eps)` and
-  `fma(d * rstd, scale, bias)`.
+  (in 8 lanes with fused multiply-adds on an AVX2 CPU, then a horizontal sum, then the rest of
+  the row); `rstd = 1 / sqrt(var / n + eps)` and `fma(d * rstd, scale, bias)`.
 This lowering writes both: Welford unrolled for a row of static length under 8 (each step a Let,
-so the expression grows linearly), otherwise the mean in float64, the squares summed in the
-data's type (their order is the schedule's) and the products left to LLVM, which contracts the
-last multiply-add where the level has FMA, as onnxruntime's kernel does. A row whose length is not
-static takes the second form.
+so the expression grows linearly), otherwise the mean in float64, the squares summed in
+onnxruntime's lanes and order (_squares_in_onnxruntimes_order; a row whose length is not static
+sums them in the schedule's order) and the products left to LLVM, which contracts the last
+multiply-add where the level has FMA, as onnxruntime's kernel does.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tvm import relax, te, topi
 from .rounded_products import rounded
 
 WELFORD_BELOW = 8  # onnxruntime's kernel takes its vectorized path from rows of 8
+LANES = 8  # ... which sums the squares in 8 lanes
 
 
 def _trailing(axes, rank: int) -> int | None:
@@ -75,6 +76,60 @@ def _welford_statistics(data: te.Tensor, first: int, n: int, epsilon: float):
     return mean, std
 
 
+# A sum whose every step is `square + fence(sum)`: the only product LLVM can fuse into the add is
+# the new square, so each step is fma(d, d, sum) as in onnxruntime. With a plain sum, a loop of
+# two steps unrolled and its `0 +` folded away read `d0 * d0 + d8 * d8`, and LLVM fused the
+# first product instead (rows of 16 to 383 values then differed from onnxruntime in the last bit).
+_multiply_added = te.comm_reducer(lambda total, square: square + rounded(total),
+                                  lambda dtype: tvm.tirx.const(0.0, dtype), name="multiply_added")
+
+
+def _squares_in_onnxruntimes_order(data: te.Tensor, first: int, n: int, mean: te.Tensor) -> te.Tensor:
+    """The sum of (x - mean)^2 over each row of static length n (>= 8) in onnxruntime's order:
+    8 lanes, lane j summing elements j, j + 8, ... with multiply-adds; the lanes added as an AVX2
+    horizontal sum, ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)); then, if 4 or more
+    elements are left, 4 rounded squares added one by one; the rest multiply-added one by one.
+    (Matched onnxruntime 1.32's LayerNormalization bit for bit for every n from 9 to 40 and at
+    64, 100, 129, 383, 768, 770, 1001.)"""
+    lanes, full = LANES, n // LANES * LANES
+    extents = [int(extent) for extent in data.shape[first:]]
+
+    def at(row, flat):
+        """data at a flat position of the row (the normalized axes in row-major order)."""
+        coords = []
+        for extent in reversed(extents):
+            coords.append(flat % extent)
+            flat = flat // extent
+        return data(*row, *reversed(coords))
+
+    def deviation(row, flat):
+        return at(row, flat) - mean(*row)
+
+    rows = list(data.shape[:first])
+    k = te.reduce_axis((0, full // lanes), name="k_lane")
+    per_lane = te.compute(rows + [lanes], lambda *rj: _multiply_added(
+        deviation(rj[:-1], k * lanes + rj[-1]) * deviation(rj[:-1], k * lanes + rj[-1]), axis=k), name="x_var_lanes")
+
+    def total(*row):
+        lane = [per_lane(*row, j) for j in range(lanes)]
+        value = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]))
+        position = full
+        if n - position >= 4:
+            for flat in range(position, position + 4):
+                d = deviation(row, flat)
+                value = value + rounded(d * d)
+            position += 4
+        for flat in range(position, n):
+            d = deviation(row, flat)
+            # llvm.fmuladd: one fused multiply-add where the level has FMA, a rounded product and
+            # an add where not. Written `d * d + value`, the SLP vectorizer took two or three
+            # such squares into one vector multiply first, and no add was fused.
+            value = tvm.tirx.call_llvm_pure_intrin(data.dtype, "llvm.fmuladd", d, d, value)
+        return value
+
+    return te.compute(rows, total, name="x_var_sum")
+
+
 def layer_norm_as_onnxruntime(data: te.Tensor, gamma: te.Tensor, beta: te.Tensor, axes, epsilon: float):
     first = _trailing(axes, len(data.shape))
     if first is None or data.dtype not in ("float32", "float64"):
@@ -98,8 +153,11 @@ def layer_norm_as_onnxruntime(data: te.Tensor, gamma: te.Tensor, beta: te.Tensor
     length_here = functools.reduce(operator.mul, [tvm.tirx.Cast(dtype, extent) for extent in data.shape[first:]])
     total = te.compute(rows, lambda *r: te.sum(data(*r, *inner).astype("float64"), axis=inner), name="x_sum")
     mean = te.compute(rows, lambda *r: (total(*r) / length).astype(dtype), name="x_mean")
-    squares = te.compute(rows, lambda *r: te.sum((data(*r, *inner) - mean(*r)) * (data(*r, *inner) - mean(*r)),
-                                                 axis=inner), name="x_var_sum")
+    if n is not None and dtype == "float32":
+        squares = _squares_in_onnxruntimes_order(data, first, n, mean)
+    else:
+        squares = te.compute(rows, lambda *r: te.sum((data(*r, *inner) - mean(*r)) * (data(*r, *inner) - mean(*r)),
+                                                     axis=inner), name="x_var_sum")
     one, eps = tvm.tirx.const(1.0, dtype), tvm.tirx.const(epsilon, dtype)
     rstd = te.compute(rows, lambda *r: one / tvm.tirx.sqrt(squares(*r) / length_here + eps), name="x_rstd")
 
