@@ -79,9 +79,9 @@ class Graph:
     captures: list[str] = field(default_factory=list)
     """In a subgraph body: the enclosing scopes' values it reads by name. They appear in `values`
     like graph inputs (or initializers, when the outer value is one) but not in `inputs`."""
-    onnxruntime_gelus: tuple = ()
-    """The model's GELU chains onnxruntime computes as its fused Gelu kernel
-    (fusion/onnxruntime_gelu.py: FusedGelu each); set on the model's graph by the loader."""
+    onnxruntime_fused_ops: tuple = ()
+    """The model's chains of ops onnxruntime computes as one kernel of its own
+    (fusion/onnxruntime_fused_ops.py: FusedOp each); set on the model's graph by the loader."""
 
     def scopes(self, path: str = "") -> Iterator[tuple[str, Graph]]:
         """This graph and every body below it, depth first, each with its path: "" for the model,

@@ -14,7 +14,7 @@ import onnx
 from onnx import external_data_helper, helper
 
 from ..errors import ModelLoadError, first_line
-from ..fusion.onnxruntime_gelu import onnxruntime_gelus
+from ..fusion.onnxruntime_fused_ops import onnxruntime_fused_ops
 from ..ir import Dim, Graph, Node, Value
 from .canonicalize import canonicalize
 from .declared_shapes import declared_value_names, keep_declared_value_info
@@ -32,13 +32,13 @@ def load_model(source: str | os.PathLike | onnx.ModelProto, canonical: bool = Tr
         model = canonicalize(source) if canonical else source  # a copy: `source` stays as it was
         graph = build_graph(model, _infer_shapes(model))
         keep_declared_value_info(graph.model, declared_value_names(source))
-        graph.onnxruntime_gelus = onnxruntime_gelus(source) if canonical else ()
+        graph.onnxruntime_fused_ops = onnxruntime_fused_ops(source) if canonical else ()
         return graph
     path = Path(source)
     model = read_model_header(path)
     _check_is_model(model, path)
     declared = declared_value_names(model)
-    gelus = onnxruntime_gelus(model, path) if canonical else ()
+    fused_ops = onnxruntime_fused_ops(model, path) if canonical else ()
     model = canonicalize(model) if canonical else model
     # Infer before the external data comes in: a >2 GB proto cannot be serialized for inference.
     inferred = _infer_shapes(model)
@@ -49,7 +49,7 @@ def load_model(source: str | os.PathLike | onnx.ModelProto, canonical: bool = Tr
             raise ModelLoadError(f"{path}: cannot read its external data ({first_line(exc)})") from None
     graph = build_graph(model, inferred)
     keep_declared_value_info(graph.model, declared)
-    graph.onnxruntime_gelus = gelus
+    graph.onnxruntime_fused_ops = fused_ops
     return graph
 
 

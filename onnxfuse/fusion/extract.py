@@ -15,14 +15,14 @@ from ..errors import CompileError
 from ..ir import Graph, Value
 from .float32_boundaries import carrying_group_model
 from .forward_graph import SHAPE_FROM_OUTPUT
-from .onnxruntime_gelu import as_onnxruntime_computes
+from .onnxruntime_fused_ops import as_onnxruntime_computes
 from .plan import FusedGroup
 from .rebuilt_shapes import dim_sources, shape_nodes
 
 
 def extract_group(graph: Graph, group: FusedGroup) -> onnx.ModelProto:
     """`graph`: the model's; a group inside a subgraph body is cut out of that body."""
-    gelus = graph.onnxruntime_gelus
+    fused_ops = graph.onnxruntime_fused_ops
     graph = graph.scope(group.scope)
     members = [graph.nodes[i] for i in group.node_indices]
     protos = [_copy(graph.model.graph.node[n.index]) for n in members]
@@ -41,8 +41,9 @@ def extract_group(graph: Graph, group: FusedGroup) -> onnx.ModelProto:
                 shape_protos += nodes
                 initializers.update((c.name, c) for c in constants)
             proto.input[1] = name
-    if gelus:
-        protos, constants = as_onnxruntime_computes(protos, group.outputs, gelus, _adds(graph), _float32_values(graph))
+    if fused_ops:
+        protos, constants = as_onnxruntime_computes(protos, group.outputs, fused_ops, _adds(graph),
+                                                    _float32_values(graph), graph.opsets.get("", 17))
         initializers.update((c.name, c) for c in constants)
     protos = shape_protos + protos
 

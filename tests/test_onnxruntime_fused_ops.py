@@ -1,6 +1,7 @@
-"""GELU chains as exporters write them, compiled, against onnxruntime on the original model bit
-for bit: where onnxruntime fuses the chain into its Gelu or BiasGelu kernel
-(fusion/onnxruntime_gelu.py compiles that kernel's formula) and where it leaves the ops alone."""
+"""GELU and LayerNorm chains as exporters write them, compiled, against onnxruntime on the original
+model bit for bit: where onnxruntime fuses the chain into its Gelu, BiasGelu or LayerNormalization
+kernel (fusion/onnxruntime_fused_ops.py compiles what that kernel computes) and where it leaves
+the ops alone."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from onnx_builder import model, node
 from test_ieee_order import assert_bitwise_equal, fused_session, original_session
 
-from onnxfuse.fusion.onnxruntime_gelu import FusedGelu, as_onnxruntime_computes, onnxruntime_gelus
+from onnxfuse.fusion.onnxruntime_fused_ops import FusedOp, as_onnxruntime_computes, onnxruntime_fused_ops
 
 F32 = np.float32
 WIDTH = 256
@@ -61,17 +62,17 @@ def test_gelu_chains_give_onnxruntimes_bits(tmp_path, chain, bias):
 
 
 def test_onnxruntime_reports_the_chains_it_fuses_by_their_values():
-    gelus = onnxruntime_gelus(gelu_model("x_times_erf_then_half", bias=True))
-    assert gelus == (FusedGelu(("input", "b"), "y"),)
-    assert onnxruntime_gelus(model([node("Relu", ["x"], "y")], {"x": ("N", 4)}, {"y": ("N", 4)})) == ()
+    gelus = onnxruntime_fused_ops(gelu_model("x_times_erf_then_half", bias=True))
+    assert gelus == (FusedOp("BiasGelu", ("input", "b"), "y"),)
+    assert onnxruntime_fused_ops(model([node("Relu", ["x"], "y")], {"x": ("N", 4)}, {"y": ("N", 4)})) == ()
 
 
 @pytest.mark.parametrize("chain", list(CHAINS))
 def test_only_the_chains_onnxruntime_fused_are_rewritten(chain):
     m = gelu_model(chain, bias=False)
-    nodes, constants = as_onnxruntime_computes(list(m.graph.node), ["y"], onnxruntime_gelus(m), {}, {"x"})
+    nodes, constants = as_onnxruntime_computes(list(m.graph.node), ["y"], onnxruntime_fused_ops(m), {}, {"x"})
     if chain == "half_erf_then_x":  # left as ops by onnxruntime 1.32: the oracle decides, not the pattern
-        assert onnxruntime_gelus(m) == () and nodes == list(m.graph.node) and constants == []
+        assert onnxruntime_fused_ops(m) == () and nodes == list(m.graph.node) and constants == []
     else:
         assert [n.op_type for n in nodes] == ["Mul", "Erf", "Add", "Mul", "Mul"]
         assert nodes[0].input[0] == "x" and nodes[-1].output[0] == "y" and len(constants) == 3
@@ -80,7 +81,7 @@ def test_only_the_chains_onnxruntime_fused_are_rewritten(chain):
 def test_a_chain_split_between_groups_is_left_as_it_is():
     """A group that returns one of the chain's inner values (its Erf) cannot drop that node."""
     m = gelu_model("x_times_erf_then_half", bias=False)
-    nodes, _ = as_onnxruntime_computes(list(m.graph.node), ["y", "e"], onnxruntime_gelus(m), {}, {"x"})
+    nodes, _ = as_onnxruntime_computes(list(m.graph.node), ["y", "e"], onnxruntime_fused_ops(m), {}, {"x"})
     assert nodes == list(m.graph.node)
 
 
@@ -88,8 +89,45 @@ def test_a_chain_whose_inner_value_is_also_an_output_keeps_its_ops(tmp_path):
     """onnxruntime does not fuse a chain whose Erf result the model also returns; nor does the pass."""
     m = gelu_model("x_times_erf_then_half", bias=False)
     m.graph.output.append(onnx.helper.make_tensor_value_info("e", onnx.TensorProto.FLOAT, ["N", WIDTH]))
-    assert onnxruntime_gelus(m) == ()
+    assert onnxruntime_fused_ops(m) == ()
     fused, original = fused_session(m, tmp_path), original_session(m)
     x = inputs(3)
     for got, expected in zip(fused.run(None, {"x": x}), original.run(None, {"x": x})):
         assert_bitwise_equal(got, expected)
+
+
+LN_CONSTANTS = {"two": np.array(2.0, F32), "eps": np.array(1e-5, F32)}
+
+
+def layer_norm_chain_model(width: int, output_too: str | None = None) -> onnx.ModelProto:
+    """LayerNorm over the last axis as PyTorch's TorchScript exporter writes it, then a Relu."""
+    rng = np.random.default_rng(width)
+    inits = {**LN_CONSTANTS, "gamma": rng.standard_normal(width).astype(F32), "beta": rng.standard_normal(width).astype(F32)}
+    nodes = [node("ReduceMean", ["x"], "mean", axes=[-1]), node("Sub", ["x", "mean"], "d"),
+             node("Pow", ["d", "two"], "sq"), node("ReduceMean", ["sq"], "var", axes=[-1]),
+             node("Add", ["var", "eps"], "var_eps"), node("Sqrt", ["var_eps"], "std"), node("Div", ["d", "std"], "n"),
+             node("Mul", ["n", "gamma"], "scaled"), node("Add", ["scaled", "beta"], "ln"), node("Relu", ["ln"], "y")]
+    outputs = {"y": ("N", width), **({output_too: ("N", width)} if output_too else {})}
+    return model(nodes, {"x": ("N", width)}, outputs, inits)
+
+
+@pytest.mark.parametrize("width", [8, 13, 64, 256])
+def test_layer_norm_chains_give_onnxruntimes_bits(tmp_path, width):
+    m = layer_norm_chain_model(width)
+    assert [f.op for f in onnxruntime_fused_ops(m)] == ["LayerNormalization"]
+    fused, original = fused_session(m, tmp_path), original_session(m)
+    rng = np.random.default_rng(0)
+    for rows in (1, 3, 64):
+        x = (rng.standard_normal((rows, width)) * rng.uniform(0.1, 50, (rows, 1))).astype(F32)
+        assert_bitwise_equal(fused.run(None, {"x": x})[0], original.run(None, {"x": x})[0])
+
+
+def test_a_layer_norm_chain_is_replaced_by_the_op_with_onnxruntimes_attributes():
+    m = layer_norm_chain_model(16)
+    (fused,) = onnxruntime_fused_ops(m)
+    nodes, constants = as_onnxruntime_computes(list(m.graph.node), ["y"], (fused,), {}, {"x"})
+    assert [n.op_type for n in nodes] == ["LayerNormalization", "Relu"] and constants == []
+    assert list(nodes[0].input) == ["x", "gamma", "beta"] and list(nodes[0].output) == ["ln"]
+    attributes = {a.name: onnx.helper.get_attribute_value(a) for a in nodes[0].attribute}
+    assert attributes["axis"] == -1 and attributes["epsilon"] == pytest.approx(1e-5)
+    assert as_onnxruntime_computes(list(m.graph.node), ["y"], (fused,), {}, {"x"}, opset=13)[0] == list(m.graph.node)

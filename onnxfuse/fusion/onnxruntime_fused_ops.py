@@ -1,0 +1,172 @@
+"""Chains of ops that onnxruntime fuses into one kernel are compiled the way that kernel computes.
+
+onnxruntime's graph optimizer replaces some chains of ops with kernels of its own, and those
+compute differently from the ops, so the original model's results under onnxruntime are the
+kernel's bits wherever it fused, and the ops' where it did not:
+- GELU, `x / sqrt(2) → Erf → + 1 → * x → * 0.5` (PyTorch's TorchScript export; the order of the
+  products varies), becomes its Gelu kernel (BiasGelu when an Add of a bias comes first), which
+  computes `(0.5 x) (erf(x * 0.70710677) + 1)`: a product by 1/sqrt(2) where the model divides.
+  PyTorch's dynamo exporter writes `x * (0.5 (erf + 1))`, which onnxruntime 1.32 leaves as ops.
+- LayerNorm written as ops (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add) becomes
+  LayerNormalization, whose kernel sums the mean in float64 and the squares in its own lanes
+  (codegen/layer_norm.py computes it the same way), where the ops give other last bits.
+
+Which chains onnxruntime fuses depends on its version and on each chain's surroundings, so
+nothing here guesses: `onnxruntime_fused_ops` asks the installed onnxruntime (its optimized graph
+of the original model, only for models with an Erf or a ReduceMean; about 0.1 s for a 24-layer
+tiny BERT), and `as_onnxruntime_computes` rewrites exactly those chains, where a fused group
+holds the whole chain, in the group model: what the kernel is compiled from, what the cache
+hashes and what onnxruntime runs when the kernel is verified. The written model keeps the
+model's own ops, so onnxruntime still fuses them where a group falls back. A model onnxruntime
+cannot optimize or save keeps its ops as they are (correct, as before, only not bit for bit).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+INVERSE_SQRT2 = np.float32(0.70710678118654752440)  # onnxruntime's float 1/sqrt(2)
+GELUS = ("Gelu", "BiasGelu")  # com.microsoft
+LAYER_NORM = "LayerNormalization"  # the ONNX op (opset 17), which onnxruntime's fusion writes
+MIN_LAYER_NORM_OPSET = 17
+WATCHED_OPS = {"Erf", "ReduceMean"}  # a model with neither has no chain onnxruntime fuses here
+MAX_CHAIN_NODES = 12  # GELU chains have 5 nodes, LayerNorm chains 9 (10 with a Cast)
+
+
+@dataclass(frozen=True)
+class FusedOp:
+    """One chain onnxruntime computes as its own kernel `op`: the values the kernel reads
+    (BiasGelu: the input and the bias it adds first), the value it writes, its attributes."""
+
+    op: str
+    inputs: tuple[str, ...]
+    output: str
+    attributes: tuple[onnx.AttributeProto, ...] = field(default=(), compare=False)
+
+
+def onnxruntime_fused_ops(model: onnx.ModelProto, path: str | os.PathLike | None = None) -> tuple[FusedOp, ...]:
+    """The Gelu, BiasGelu and LayerNormalization nodes onnxruntime's optimizer (CPU, default
+    level) writes in place of the model's ops, in every scope; () when the model has nothing
+    such a node could replace, or onnxruntime fails. `path`: the model's file, given to
+    onnxruntime instead of `model` (its external data beside it)."""
+    ops_before = {node.op_type for node in _all_nodes(model.graph)}
+    if not ops_before & WATCHED_OPS:
+        return ()
+    own_layer_norms = {out for node in _all_nodes(model.graph) if node.op_type == LAYER_NORM for out in node.output}
+    try:
+        optimized = _optimized_by_onnxruntime(os.fspath(path) if path is not None else model.SerializeToString())
+    except Exception:  # noqa: BLE001 - an oracle that cannot answer leaves the ops as they are
+        return ()
+    fused = []
+    for node in _all_nodes(optimized.graph):
+        gelu = node.domain == "com.microsoft" and node.op_type in GELUS
+        layer_norm = (node.domain in ("", "ai.onnx") and node.op_type == LAYER_NORM
+                      and node.output[0] not in own_layer_norms)
+        if (gelu or layer_norm) and node.input and len(node.output) >= 1:
+            fused.append(FusedOp(node.op_type, tuple(node.input), node.output[0], tuple(node.attribute)))
+    return tuple(fused)
+
+
+def _optimized_by_onnxruntime(model: str | bytes) -> onnx.ModelProto:
+    import onnxruntime
+
+    with tempfile.TemporaryDirectory(prefix="onnxfuse-fusions-") as directory:
+        path = Path(directory) / "optimized.onnx"
+        options = onnxruntime.SessionOptions()
+        options.optimized_model_filepath = os.fspath(path)
+        options.log_severity_level = 3
+        options.intra_op_num_threads = 1
+        onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        return onnx.load(os.fspath(path), load_external_data=False)
+
+
+def _all_nodes(graph: onnx.GraphProto):
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            for body in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs):
+                yield from _all_nodes(body)
+
+
+def as_onnxruntime_computes(nodes: list[onnx.NodeProto], outputs: list[str], fused_ops: tuple[FusedOp, ...],
+                            biased: dict[tuple, str], float32: set[str],
+                            opset: int = MIN_LAYER_NORM_OPSET) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """`nodes` (a group's, in order; `outputs` the values it returns) with each whole chain of
+    `fused_ops` among them replaced by what onnxruntime's kernel computes, and the constants
+    that reads.
+
+    `biased`: the model's Adds by their sorted input names → output name (a BiasGelu's x);
+    `float32`: the names of float32 values (the kernels here are rewritten for float32 only);
+    `opset`: the group model's (LayerNormalization is an op from 17 on)."""
+    constants: list[onnx.TensorProto] = []
+    for fused in fused_ops:
+        if fused.op in GELUS:
+            x = fused.inputs[0] if len(fused.inputs) == 1 else biased.get(tuple(sorted(fused.inputs[:2])))
+            sources = {x}
+        elif opset >= MIN_LAYER_NORM_OPSET:
+            x, sources = fused.inputs[0], {name for name in fused.inputs if name}
+        else:
+            continue
+        chain = _chain(nodes, x, sources, fused.output, set(outputs)) if x in float32 else None
+        if chain is None:
+            continue
+        if fused.op in GELUS:
+            replacement, scalars = _gelu(x, fused.output)
+        else:
+            replacement, scalars = [_layer_norm(fused)], []
+        nodes = [n for i, n in enumerate(nodes) if i not in chain or i == max(chain)]
+        at = next(i for i, n in enumerate(nodes) if fused.output in n.output)
+        nodes[at:at + 1] = replacement
+        constants += scalars
+    return nodes, constants
+
+
+def _chain(nodes: list[onnx.NodeProto], x: str, sources: set[str], y: str, outputs: set[str]) -> set[int] | None:
+    """Indices of the nodes computing y from `sources` (and constants) alone, if they read x and
+    nothing outside them (other nodes, the group's outputs) reads their values; else None."""
+    producer = {out: i for i, n in enumerate(nodes) for out in n.output}
+    if y not in producer:
+        return None
+    chain, pending = set(), [producer[y]]
+    while pending:
+        i = pending.pop()
+        if i in chain:
+            continue
+        chain.add(i)
+        pending += [producer[name] for name in nodes[i].input if name not in sources and name in producer]
+    if len(chain) > MAX_CHAIN_NODES or not any(x in nodes[i].input for i in chain):
+        return None
+    inner = {out for i in chain for out in nodes[i].output} - {y}
+    read_outside = bool(inner & outputs) or any(name in inner for j, n in enumerate(nodes) if j not in chain
+                                                for name in n.input)
+    return None if read_outside else chain
+
+
+def _gelu(x: str, y: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """`(x * 0.5) * (Erf(x * 0.70710677) + 1)`: onnxruntime's Gelu and BiasGelu kernels."""
+    def name(part: str) -> str:
+        return f"{y}__gelu_{part}"
+
+    scalars = [numpy_helper.from_array(np.array(value, np.float32), name(part))
+               for part, value in (("inverse_sqrt2", INVERSE_SQRT2), ("one", 1.0), ("half", 0.5))]
+    nodes = [
+        helper.make_node("Mul", [x, name("inverse_sqrt2")], [name("scaled")], name=name("Mul_scaled")),
+        helper.make_node("Erf", [name("scaled")], [name("erf")], name=name("Erf")),
+        helper.make_node("Add", [name("erf"), name("one")], [name("erf_plus_one")], name=name("Add")),
+        helper.make_node("Mul", [x, name("half")], [name("half_x")], name=name("Mul_half")),
+        helper.make_node("Mul", [name("half_x"), name("erf_plus_one")], [y], name=name("Mul")),
+    ]
+    return nodes, scalars
+
+
+def _layer_norm(fused: FusedOp) -> onnx.NodeProto:
+    node = helper.make_node(LAYER_NORM, list(fused.inputs), [fused.output], name=f"{fused.output}__layer_norm")
+    node.attribute.extend(fused.attributes)
+    return node
