@@ -1,8 +1,9 @@
 """The shipped check (select/shipped.py): after packaging, optimize runs the written model with its
 library against the original, and falls back the groups that make it differ.
 
-The case it exists for: a kernel within an ulp of onnxruntime (the fast exp; Erf, Sigmoid and Tanh
-are onnxruntime's own functions, bit for bit) right before a DynamicQuantizeLinear. Each kernel
+The case it exists for: a kernel within an ulp of onnxruntime (Softplus: Exp, Erf, Sigmoid and Tanh
+are onnxruntime's own functions, bit for bit, its Softplus is not) right before a
+DynamicQuantizeLinear. Each kernel
 passes its own check, but where its output sits on a rounding boundary of the quantization, one
 ulp flips the quantized value by a whole step.
 """
@@ -27,11 +28,11 @@ from onnxfuse.select.shipped import ShippedModelDiffers, _responsible, check_shi
 WIDTH = 10240
 
 
-def quantized_exp_model(path) -> None:
-    """q = DynamicQuantizeLinear(Exp(x * 0.5 + 0.1)), beside an exact group r = Relu(x * 2 + 1)."""
+def quantized_softplus_model(path) -> None:
+    """q = DynamicQuantizeLinear(Softplus(x * 0.5 + 0.1)), beside an exact group r = Relu(x * 2 + 1)."""
     scalars = {name: np.array(value, np.float32) for name, value in (("half", 0.5), ("tenth", 0.1), ("two", 2),
                                                                       ("one", 1))}
-    nodes = [node("Mul", ["x", "half"], "a"), node("Add", ["a", "tenth"], "b"), node("Exp", ["b"], "y"),
+    nodes = [node("Mul", ["x", "half"], "a"), node("Add", ["a", "tenth"], "b"), node("Softplus", ["b"], "y"),
              node("DynamicQuantizeLinear", ["y"], ["q", "scale", "zp"]),
              node("Mul", ["x", "two"], "m"), node("Add", ["m", "one"], "n"), node("Relu", ["n"], "r")]
     built = model(nodes, {"x": ("N", WIDTH)}, ["q", "scale", "zp", "r"], scalars)
@@ -42,16 +43,17 @@ def quantized_exp_model(path) -> None:
 
 
 def inputs_on_rounding_boundaries() -> np.ndarray:
-    """x where Exp(x * 0.5 + 0.1) is within 20 float32 steps of a rounding boundary of the
-    quantization, (j + 0.5) / 255, for every j; one x = -0.2 makes the maximum exp(0) = 1, so the
-    scale is 1/255 (and the zero point 0: every Exp is positive) on both sides."""
-    j = np.arange(255)
-    boundary = (j + 0.5) / 255
-    centre = ((np.log(boundary) - 0.1) / 0.5).astype(np.float32)
+    """x where Softplus(x * 0.5 + 0.1) is within 20 float32 steps of a rounding boundary of the
+    quantization, (j + 0.5) * top / 255, for every j; one x = 39.8 makes the maximum top =
+    Softplus(b) = b, about 20 (log1p(exp(-20)) is under half its ulp), on both sides, so the scale
+    is the same (and the zero point 0: every Softplus is positive)."""
+    top = float(np.float32(np.float32(39.8) * np.float32(0.5)) + np.float32(0.1))
+    boundary = (np.arange(255) + 0.5) * top / 255
+    centre = ((np.log(np.expm1(boundary)) - 0.1) / 0.5).astype(np.float32)
     steps = np.arange(-20, 20, dtype=np.int32)
     near = (centre.view(np.int32)[:, None] + steps[None, :]).view(np.float32).ravel()
-    x = np.full((1, WIDTH), -20, np.float32)
-    x[0, 0] = -0.2
+    x = np.full((1, WIDTH), -40, np.float32)
+    x[0, 0] = 39.8
     x[0, 1:1 + near.size] = near
     return x
 
@@ -60,7 +62,7 @@ def inputs_on_rounding_boundaries() -> np.ndarray:
 def quantized(tmp_path_factory):
     directory = tmp_path_factory.mktemp("shipped")
     original, inputs = directory / "quantized.onnx", directory / "inputs.npz"
-    quantized_exp_model(original)
+    quantized_softplus_model(original)
     np.savez(inputs, x=inputs_on_rounding_boundaries())
     return original, inputs
 
@@ -86,13 +88,13 @@ def test_the_check_falls_back_only_the_group_before_the_quantization(quantized, 
     original, inputs = quantized
     result = optimize(original, tmp_path / "q.fused.onnx", inputs=inputs, cache_dir=cache, jobs=1)
     by_output = {tuple(g["outputs"]): g for g in result.report["groups"]}
-    exp, relu = by_output[("y",)], by_output[("r",)]
-    assert exp["status"] == "fallback"
-    assert exp["reason"].startswith("shipped check: with this kernel the fused model differs from the original "
+    softplus, relu = by_output[("y",)], by_output[("r",)]
+    assert softplus["status"] == "fallback"
+    assert softplus["reason"].startswith("shipped check: with this kernel the fused model differs from the original "
                                         "(output q: max abs error 1")
     assert relu["status"] in ("compiled", "cached")
     check = result.report["shipped_check"]
-    assert check["fallen_back"] == [exp["name"]] and check["inputs"] == str(inputs)
+    assert check["fallen_back"] == [softplus["name"]] and check["inputs"] == str(inputs)
     feeds = dict(np.load(inputs))
     for e, a in zip(outputs(original, feeds), outputs(result.model_path, feeds, fused=True)):
         assert np.array_equal(e, a)

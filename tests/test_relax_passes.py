@@ -14,7 +14,7 @@ from onnx_builder import model, node
 from tvm import relax
 
 from onnxfuse.codegen import relax_import
-from onnxfuse.codegen.fast_math import FastMath
+from onnxfuse.codegen.fast_math import EXP_ROUNDER_BITS, FastMath
 from onnxfuse.codegen.fold_shape_take import FoldShapeTake
 from onnxfuse.codegen.nan_safe_comparisons import NanSafeNegatedComparisons
 from onnxfuse.codegen.unfold_stack_reductions import UnfoldStackReductions
@@ -96,15 +96,16 @@ def test_fast_math_replaces_sigmoid_and_keeps_nan_and_infinities():
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("case", ["softplus", "exported_softmax", "exp"])
-def test_fast_math_knows_where_exp_reads_no_positive_value(case):
-    """exp(-|x|) (Softplus) and exp(x - max(x)) (a softmax exported as ops) read x <= 0: their
-    exp gets subnormal results without the split scale (fast_math.py) a general exp needs."""
+@pytest.mark.parametrize("case", ["softplus", "exported_softmax", "exp", "softmax"])
+def test_every_exp_op_is_onnxruntimes_and_softmax_keeps_its_own(case):
+    """An Exp (alone, in Softplus, in a softmax exported as ops) is onnxruntime's exp
+    (fast_math.exp_value); the Softmax op sums in its own order anyway and keeps the exp that
+    reads x - max <= 0 (no second scale for subnormal results)."""
     max_node = node("ReduceMax", ["x"], "m", axes=[1], keepdims=1)
     nodes = {"softplus": [node("Softplus", ["x"], "y")],
              "exported_softmax": [max_node, node("Sub", ["x", "m"], "d"), node("Exp", ["d"], "y")],
-             "exp": [node("Exp", ["x"], "y")]}[case]
+             "exp": [node("Exp", ["x"], "y")],
+             "softmax": [node("Softmax", ["x"], "y", axis=1)]}[case]
     m = model(nodes, {"x": (2, 4)}, {"y": (2, 4)}, opset=17)
     script = relax_import.import_group(m, "k").prim_func.script()
-    split = str(0x3F800000) in script  # _split_scale's 1.0 bits
-    assert split == (case == "exp")
+    assert (str(EXP_ROUNDER_BITS) in script) == (case != "softmax")

@@ -19,10 +19,10 @@ TARGET = resolve_target("native")
 REGISTERS = register_file.for_target(TARGET.tvm_target())
 SPECIAL = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-40, 3e38, -3e38, 0.5, -2.5, 1.0,
                     -1.0, 7.0, 1e-5], np.float32)
-# Each op reaches isnan another way: fast erf keeps a NaN input; Max propagates NaN; a negated
-# comparison is true on NaN. Round is nearbyint.
+# Each op reaches isnan another way: IsNaN itself; Max propagates NaN; a negated comparison is
+# true on NaN. Round is nearbyint.
 CASES = {
-    "erf": ([node("Erf", ["x"], "y")], {}),
+    "isnan": ([node("IsNaN", ["x"], "b"), node("Where", ["b", "zero", "x"], "y")], {"zero": np.array(0.0, np.float32)}),
     "max": ([node("Neg", ["x"], "n"), node("Max", ["x", "n"], "y")], {}),
     "not_less": ([node("Less", ["x", "half"], "l"), node("Not", ["l"], "n"), node("Where", ["n", "x", "half"], "y")],
                  {"half": np.array(0.5, np.float32)}),
