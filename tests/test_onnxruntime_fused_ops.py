@@ -11,6 +11,7 @@ import pytest
 from onnx_builder import model, node
 from test_ieee_order import assert_bitwise_equal, fused_session, original_session
 
+from onnxfuse.fusion import onnxruntime_fused_ops as fused_ops_module
 from onnxfuse.fusion.onnxruntime_fused_ops import FusedOp, as_onnxruntime_computes, onnxruntime_fused_ops
 
 F32 = np.float32
@@ -131,3 +132,20 @@ def test_a_layer_norm_chain_is_replaced_by_the_op_with_onnxruntimes_attributes()
     attributes = {a.name: onnx.helper.get_attribute_value(a) for a in nodes[0].attribute}
     assert attributes["axis"] == -1 and attributes["epsilon"] == pytest.approx(1e-5)
     assert as_onnxruntime_computes(list(m.graph.node), ["y"], (fused,), {}, {"x"}, opset=13)[0] == list(m.graph.node)
+
+
+def test_when_onnxruntime_cannot_answer_the_chains_stay_ops(tmp_path, monkeypatch):
+    """A failing query (here a full disk while onnxruntime writes its optimized copy) leaves every
+    chain as the model's ops: the result is then within tolerance, not an error."""
+    def full_disk(model):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fused_ops_module, "_optimized_by_onnxruntime", full_disk)
+    m = gelu_model("x_times_erf_then_half", bias=True)
+    assert onnxruntime_fused_ops(m) == ()
+    fused, original = fused_session(m, tmp_path), original_session(m)
+    # Ordinary values: at 3e38 the ops' x (erf + 1) overflows where the kernel's 0.5 x does not.
+    x = (np.random.default_rng(3).standard_normal((3, WIDTH)) * 3).astype(F32)
+    got, expected = fused.run(None, {"input": x})[0], original.run(None, {"input": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+    assert (got != expected).any()  # the ops' bits, not the fused kernel's: the query's answer mattered
