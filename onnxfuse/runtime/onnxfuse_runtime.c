@@ -316,27 +316,31 @@ static void describe_tensor(DLTensor *t, const tensor_desc *desc, int64_t *shape
     t->byte_offset = 0;
 }
 
-/* An input's element type and dims without allocating (API 24+): NULL status, or a failure. */
-static OrtStatus *read_input_by_reference(const kernel_desc *k, int32_t index, const OrtValue *value, int64_t *dims) {
+/* Refuses an input whose element type or rank is not the table's. */
+static OrtStatus *check_type_and_rank(const kernel_desc *k, int32_t index, ONNXTensorElementDataType type, size_t rank) {
     const tensor_desc *desc = &k->inputs[index];
-    ONNXTensorElementDataType type = 0;
-    const int64_t *shape = NULL;
-    size_t rank = 0;
-    OrtStatus *status = ORT_API_FN(ort, GetTensorElementTypeAndShapeDataReference)(value, &type, &shape, &rank);
-    if (status) return status;
     if (type != desc->type)
         return fail(ORT_INVALID_ARGUMENT, k, "input %d has element type %s, expected %s", index, type_name(type),
                     type_name(desc->type));
     if (rank != (size_t)desc->rank)
         return fail(ORT_INVALID_ARGUMENT, k, "input %d has rank %zu, expected %d", index, rank, desc->rank);
-    if (rank) memcpy(dims, shape, rank * sizeof *dims);
     return NULL;
+}
+
+/* An input's element type and dims without allocating (API 24+): NULL status, or a failure. */
+static OrtStatus *read_input_by_reference(const kernel_desc *k, int32_t index, const OrtValue *value, int64_t *dims) {
+    ONNXTensorElementDataType type = 0;
+    const int64_t *shape = NULL;
+    size_t rank = 0;
+    OrtStatus *status = ORT_API_FN(ort, GetTensorElementTypeAndShapeDataReference)(value, &type, &shape, &rank);
+    if (!status) status = check_type_and_rank(k, index, type, rank);
+    if (!status && rank) memcpy(dims, shape, rank * sizeof *dims);
+    return status;
 }
 
 /* Reads an input's element type and dims (into `dims`, which holds `desc->rank` values). */
 static OrtStatus *read_input(const kernel_desc *k, int32_t index, const OrtValue *value, int64_t *dims) {
     if (shape_by_reference) return read_input_by_reference(k, index, value, dims);
-    const tensor_desc *desc = &k->inputs[index];
     OrtTensorTypeAndShapeInfo *info = NULL;
     OrtStatus *status = ORT_API_FN(ort, GetTensorTypeAndShape)(value, &info);
     if (status) return status;
@@ -344,11 +348,7 @@ static OrtStatus *read_input(const kernel_desc *k, int32_t index, const OrtValue
     size_t rank = 0;
     status = ORT_API_FN(ort, GetTensorElementType)(info, &type);
     if (!status) status = ORT_API_FN(ort, GetDimensionsCount)(info, &rank);
-    if (!status && type != desc->type)
-        status = fail(ORT_INVALID_ARGUMENT, k, "input %d has element type %s, expected %s", index, type_name(type),
-                      type_name(desc->type));
-    if (!status && rank != (size_t)desc->rank)
-        status = fail(ORT_INVALID_ARGUMENT, k, "input %d has rank %zu, expected %d", index, rank, desc->rank);
+    if (!status) status = check_type_and_rank(k, index, type, rank);
     if (!status) status = ORT_API_FN(ort, GetDimensions)(info, dims, rank);
     ORT_API_FN(ort, ReleaseTensorTypeAndShapeInfo)(info);
     return status;

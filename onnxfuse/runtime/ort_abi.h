@@ -128,9 +128,9 @@ typedef OrtStatus *(*ort_GetTensorElementTypeAndShapeDataReference_fn)(const Ort
                                                                         const int64_t **dims, size_t *count);
 #define ORT_API_VERSION_SHAPE_REFERENCE 24
 
-/* The oldest API with every slot above but the optional one (onnxruntime 1.17). GetApi(v) hands any runtime that
- * knows v the same table, which only ever grows, so asking for the oldest one we need is what
- * keeps newer releases working. */
+/* The oldest API with every slot above but the optional one (onnxruntime 1.17). GetApi(v) hands
+ * any runtime that knows v the same table, which only ever grows, so asking for the oldest one we
+ * need is what keeps newer releases working. */
 #define ORT_API_VERSION_NEEDED 17
 
 /* ---- OrtCustomOp: what the library hands ORT per operator -------------------------------- */
