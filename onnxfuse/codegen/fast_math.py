@@ -101,6 +101,25 @@ EXP_POLY = tuple(float.fromhex(c) for c in ("0x1.694000p-10", "0x1.125edcp-7", "
                                               "0x1.fffff6p-2", "0x1.000000p+0"))
 
 
+def _nearest_exponent(x):
+    """round(x log2(e)) as an int32, as MLAS finds it: adding 1.5 * 2^23 (one multiply-add) leaves
+    the integer in the low bits. Read from the bits, so no simplifier folds (t + K) - K back to t,
+    and small (|n| < 2^22), so no integer step after it can overflow."""
+    biased = x * tvm.tirx.const(_LOG2E, "float32") + tvm.tirx.const(EXP_ROUNDER, "float32")
+    return tvm.tirx.reinterpret("int32", biased) - tvm.tirx.const(EXP_ROUNDER_BITS, "int32")
+
+
+def _power_of_two(exponent):
+    """2^exponent for an int32 exponent in [-126, 128] (128 gives 2.0: MLAS's own wrap)."""
+    return tvm.tirx.reinterpret("float32", (exponent + tvm.tirx.const(127, "int32")) << tvm.tirx.const(23, "int32"))
+
+
+def _reduced(x, n):
+    """x - n ln(2), Cody-Waite: two multiply-adds with ln(2) split high and low."""
+    whole = tvm.tirx.Cast("float32", n)
+    return whole * tvm.tirx.const(EXP_LN2_LO, "float32") + (whole * tvm.tirx.const(EXP_LN2_HI, "float32") + x)
+
+
 def exp_value(x):
     """onnxruntime's float32 exp of one PrimExpr (above). NaN stays NaN (the clamp's selects pass
     it); the scales' exponents are small integers taken from the rounded bits, so no integer
@@ -109,18 +128,12 @@ def exp_value(x):
     const = tvm.tirx.const
     low, high = const(EXP_LOW, f32), const(EXP_HIGH, f32)
     clamped = tvm.tirx.Select(x < low, low, tvm.tirx.Select(x > high, high, x))
-    biased = clamped * const(_LOG2E, f32) + const(EXP_ROUNDER, f32)
-    n = tvm.tirx.reinterpret(i32, biased) - const(EXP_ROUNDER_BITS, i32)  # in [-150, 128]
-    whole = tvm.tirx.Cast(f32, n)
-    reduced = whole * const(EXP_LN2_LO, f32) + (whole * const(EXP_LN2_HI, f32) + clamped)
+    n = _nearest_exponent(clamped)  # in [-150, 128]
+    reduced = _reduced(clamped, n)
     n_normal = tvm.tirx.max(tvm.tirx.min(n, const(127, i32)), const(-126, i32))
-
-    def power_of_two(exponent):
-        return tvm.tirx.reinterpret(f32, (exponent + const(127, i32)) << const(23, i32))
-
-    first = power_of_two(n - n_normal)
+    first = _power_of_two(n - n_normal)
     poly = _horner(reduced, EXP_POLY, f32)
-    return (poly * (reduced * first) + first) * power_of_two(n_normal)
+    return (poly * (reduced * first) + first) * _power_of_two(n_normal)
 
 
 def _onnxruntime_exp(x: te.Tensor) -> te.Tensor:
@@ -189,8 +202,8 @@ def _fast_tanh(x: te.Tensor) -> te.Tensor:
 # piecewise on a = min(|x|, 3.925), with the sign put back at the end:
 #   a <= 0.921875: a + a s(a^2), s a degree-5 polynomial;
 #   above:         1 - exp(-(a + a b(a))), b of degree 6, and exp as MLAS computes it: n the
-#                  nearest integer to -(...) log2(e), a Cody-Waite reduction, a degree-6
-#                  polynomial, times 2^n.
+#                  nearest integer to -(...) log2(e), a Cody-Waite reduction (the Exp op's
+#                  constants), a degree-6 polynomial of its own, times 2^n.
 # Every step is a Horner multiply-add, fused where the CPU has FMA (LLVM contracts them exactly
 # where the level has FMA, as onnxruntime's FMA kernels fuse them and its generic kernel does not).
 # The same form with the same float32 coefficients matched onnxruntime's Erf bit for bit on 2.1
@@ -203,9 +216,6 @@ ERF_SMALL = (-5.99104969e-4, 4.99339588e-3, -2.67667342e-2, 1.12818025e-1, -3.76
              1.28379151e-1)  # s(a^2), a^10 .. a^0
 ERF_BIG = (1.72948930e-5, -3.83208680e-4, 3.88393435e-3, -2.42545605e-2, 1.06777847e-1, 6.34846687e-1,
            1.28717512e-1)  # b(a), a^6 .. a^0
-ERF_EXP_LOG2E = 1.44269504088896341
-ERF_EXP_ROUNDER = 1.25829120e+7  # 1.5 * 2^23: adding it rounds to an integer held in the low bits
-ERF_EXP_LN2_HI, ERF_EXP_LN2_LO = -6.93145752e-1, -1.42860677e-6
 ERF_EXP_POLY = (1.38319808e-3, 8.37550033e-3, 4.16689515e-2, 1.66664466e-1, 4.99999851e-1, 1.0, 1.0)
 _SIGN_BIT = -0x80000000
 
@@ -220,14 +230,8 @@ def erf_value(x):
     magnitude = tvm.tirx.Select(absolute > const(ERF_CLAMP, f32), const(ERF_CLAMP, f32), absolute)
     small = _horner(magnitude * magnitude, ERF_SMALL, f32) * magnitude + magnitude
     big = -(_horner(magnitude, ERF_BIG, f32) * magnitude + magnitude)
-    rounder = const(ERF_EXP_ROUNDER, f32)
-    bits = tvm.tirx.reinterpret(i32, const(ERF_EXP_LOG2E, f32) * big + rounder)
-    # Through the bits, so no simplifier folds (t + K) - K back to t.
-    n = tvm.tirx.reinterpret(f32, bits) - rounder
-    reduced = n * const(ERF_EXP_LN2_LO, f32) + (n * const(ERF_EXP_LN2_HI, f32) + big)
-    exponent = bits - tvm.tirx.reinterpret(i32, rounder) + const(127, i32)
-    scale = tvm.tirx.reinterpret(f32, exponent << const(23, i32))
-    above = const(1.0, f32) - _horner(reduced, ERF_EXP_POLY, f32) * scale
+    n = _nearest_exponent(big)  # the exp's own reduction, with the Exp op's constants
+    above = const(1.0, f32) - _horner(_reduced(big, n), ERF_EXP_POLY, f32) * _power_of_two(n)
     result = tvm.tirx.Select(magnitude > const(ERF_SPLIT, f32), above, small)
     sign = tvm.tirx.reinterpret(i32, x) & const(_SIGN_BIT, i32)
     return tvm.tirx.reinterpret(f32, tvm.tirx.reinterpret(i32, result) | sign)
