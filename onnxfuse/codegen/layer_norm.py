@@ -43,18 +43,24 @@ def _static_length(shape) -> int | None:
     return None if None in dims else functools.reduce(operator.mul, dims, 1)
 
 
+def _unflattened(flat, extents: list[int]) -> list:
+    """The coordinates of a flat position in a row of these static extents (row-major); `flat`
+    an int or an index expression."""
+    coords = []
+    for extent in reversed(extents):
+        coords.append(flat % extent)
+        flat = flat // extent
+    return list(reversed(coords))
+
+
 def _welford_statistics(data: te.Tensor, first: int, n: int, epsilon: float):
     """(mean, std) per row by Welford's update, unrolled over the row's n (< 8) values."""
     dtype = data.dtype
     eps = tvm.tirx.const(epsilon, dtype)
-    inner = list(data.shape[first:])
+    extents = [int(extent) for extent in data.shape[first:]]
 
     def coords(j: int):
-        out = []
-        for extent in reversed(inner):
-            out.append(tvm.tirx.const(j % int(extent), "int64"))
-            j //= int(extent)
-        return list(reversed(out))
+        return [tvm.tirx.const(c, "int64") for c in _unflattened(j, extents)]
 
     def chain(*row, final):
         """Let-bound Welford steps over the row, ending in `final(mean, M2)`."""
@@ -94,16 +100,8 @@ def _squares_in_onnxruntimes_order(data: te.Tensor, first: int, n: int, mean: te
     lanes, full = LANES, n // LANES * LANES
     extents = [int(extent) for extent in data.shape[first:]]
 
-    def at(row, flat):
-        """data at a flat position of the row (the normalized axes in row-major order)."""
-        coords = []
-        for extent in reversed(extents):
-            coords.append(flat % extent)
-            flat = flat // extent
-        return data(*row, *reversed(coords))
-
     def deviation(row, flat):
-        return at(row, flat) - mean(*row)
+        return data(*row, *_unflattened(flat, extents)) - mean(*row)
 
     rows = list(data.shape[:first])
     k = te.reduce_axis((0, full // lanes), name="k_lane")
