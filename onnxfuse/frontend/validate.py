@@ -83,7 +83,7 @@ def check_domains(model: onnx.ModelProto, where) -> None:
     imported = {"" if op.domain == "ai.onnx" else op.domain for op in model.opset_import}
     for function in model.functions:
         imported.add(function.domain)
-    for node in _all_nodes(model.graph):
+    for node in all_nodes(model.graph):
         domain = "" if node.domain == "ai.onnx" else node.domain
         if domain not in imported:
             label = f"node {node.name!r} ({node.op_type})" if node.name else f"a {node.op_type} node"
@@ -91,12 +91,13 @@ def check_domains(model: onnx.ModelProto, where) -> None:
                                  "which the model does not import (no opset_import entry)")
 
 
-def _all_nodes(graph: onnx.GraphProto):
+def all_nodes(graph: onnx.GraphProto):
+    """Every node of the graph and of every body inside it, depth first."""
     for node in graph.node:
         yield node
         for attr in node.attribute:
             for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                yield from _all_nodes(sub)
+                yield from all_nodes(sub)
 
 
 def _all_tensors(graph: onnx.GraphProto):

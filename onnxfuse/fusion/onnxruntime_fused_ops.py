@@ -32,6 +32,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..frontend.validate import all_nodes
+
 INVERSE_SQRT2 = np.float32(0.70710678118654752440)  # onnxruntime's float 1/sqrt(2)
 GELUS = ("Gelu", "BiasGelu")  # com.microsoft
 LAYER_NORM = "LayerNormalization"  # the ONNX op (opset 17), which onnxruntime's fusion writes
@@ -56,16 +58,16 @@ def onnxruntime_fused_ops(model: onnx.ModelProto, path: str | os.PathLike | None
     level) writes in place of the model's ops, in every scope; () when the model has nothing
     such a node could replace, or onnxruntime fails. `path`: the model's file, given to
     onnxruntime instead of `model` (its external data beside it)."""
-    ops_before = {node.op_type for node in _all_nodes(model.graph)}
-    if not ops_before & WATCHED_OPS:
+    nodes = list(all_nodes(model.graph))
+    if not {node.op_type for node in nodes} & WATCHED_OPS:
         return ()
-    own_layer_norms = {out for node in _all_nodes(model.graph) if node.op_type == LAYER_NORM for out in node.output}
+    own_layer_norms = {out for node in nodes if node.op_type == LAYER_NORM for out in node.output}
     try:
         optimized = _optimized_by_onnxruntime(os.fspath(path) if path is not None else model.SerializeToString())
     except Exception:  # noqa: BLE001 - an oracle that cannot answer leaves the ops as they are
         return ()
     fused = []
-    for node in _all_nodes(optimized.graph):
+    for node in all_nodes(optimized.graph):
         gelu = node.domain == "com.microsoft" and node.op_type in GELUS
         layer_norm = (node.domain in ("", "ai.onnx") and node.op_type == LAYER_NORM
                       and node.output[0] not in own_layer_norms)
@@ -85,14 +87,6 @@ def _optimized_by_onnxruntime(model: str | bytes) -> onnx.ModelProto:
         options.intra_op_num_threads = 1
         onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
         return onnx.load(os.fspath(path), load_external_data=False)
-
-
-def _all_nodes(graph: onnx.GraphProto):
-    for node in graph.node:
-        yield node
-        for attribute in node.attribute:
-            for body in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs):
-                yield from _all_nodes(body)
 
 
 def as_onnxruntime_computes(nodes: list[onnx.NodeProto], outputs: list[str], fused_ops: tuple[FusedOp, ...],
