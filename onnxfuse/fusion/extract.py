@@ -41,8 +41,10 @@ def extract_group(graph: Graph, group: FusedGroup) -> onnx.ModelProto:
                 shape_protos += nodes
                 initializers.update((c.name, c) for c in constants)
             proto.input[1] = name
-    if fused_ops:
-        protos, constants = as_onnxruntime_computes(protos, group.outputs, fused_ops, _adds(graph),
+    produced_here = {out for node in members for out in node.outputs}
+    fused_here = tuple(op for op in fused_ops if op.output in produced_here)
+    if fused_here:  # the model-wide lookups only for the groups that end such a chain
+        protos, constants = as_onnxruntime_computes(protos, group.outputs, fused_here, _adds(graph),
                                                     _float32_values(graph), graph.opsets.get("", 17))
         initializers.update((c.name, c) for c in constants)
     protos = shape_protos + protos
