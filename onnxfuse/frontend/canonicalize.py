@@ -11,7 +11,9 @@ The passes, in order (each file states its guarantee):
 3. unknown graph-input dims → named symbols (`name_input_dims.py`);
 4. to a fixed point: shape inference afresh (`infer_shapes.py`, with `ml_shapes.py` for the
    ai.onnx.ml ops onnx gives no shape), Casts to the dtype their input has removed
-   (`drop_noop_casts.py`), constant-only nodes folded (`fold_constants.py`), shape plumbing
+   (`drop_noop_casts.py`), constant-only nodes folded (`fold_constants.py`), a
+   BatchNormalization after a Conv folded into it as onnxruntime folds it
+   (`fold_batch_norms.py`), shape plumbing
    resolved (`shape_plumbing.py`), dims sized by that plumbing named where exact
    (`plumbed_dims.py`), dead nodes and initializers removed (onnx-ir's
    RemoveUnusedNodesPass).
@@ -33,6 +35,7 @@ from onnx_ir.passes.common import (
 
 from ..errors import first_line
 from .drop_noop_casts import DropNoOpCastsPass
+from .fold_batch_norms import FoldBatchNormsPass
 from .fold_constants import MAX_FOLDED_ELEMENTS, FoldConstantsPass
 from .infer_shapes import InferShapesPass
 from .lift_constants import LiftConstantsPass
@@ -51,6 +54,7 @@ def canonical_passes(max_folded_elements: int = MAX_FOLDED_ELEMENTS) -> ir.passe
             InferShapesPass(),
             DropNoOpCastsPass(),
             FoldConstantsPass(max_folded_elements),
+            FoldBatchNormsPass(),
             ResolveShapePlumbingPass(),
             NamePlumbedDimsPass(),
             RemoveUnusedNodesPass(),
