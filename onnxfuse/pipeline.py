@@ -341,7 +341,8 @@ def _compile_groups(graph: Graph, plan: FusionPlan, tgt: Target, options: Optimi
     pending: dict[str, tuple[bytes, str, int, dict]] = {}  # key → (canonical model, kernel name, max duplication, weights)
     waiting: dict[str, list[tuple[FusedGroup, CanonicalGroup]]] = {}  # groups with one kernel identity
     for group in plan.groups:
-        rejected = (auto_rejects(group) if options.select == "auto" else None) or _too_heavy(graph, group)
+        auto = auto_rejects(group, graph.scope(group.scope)) if options.select == "auto" else None
+        rejected = auto or _too_heavy(graph, group)
         if rejected:
             outcomes[group.name] = GroupOutcome(group, "fallback", reason=rejected, declined=True)
             continue

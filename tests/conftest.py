@@ -35,6 +35,14 @@ def run_both(original: Path, fused: Path, feeds: dict) -> tuple[list, list]:
     return reference.run(None, feeds), candidate.run(None, feeds)
 
 
+def host_has(feature: str) -> bool:
+    """Whether this machine's CPU has an LLVM-named feature (avx512f, fma, sse4.1, ...)."""
+    flags = {"sse3": "pni", "sse4.1": "sse4_1", "sse4.2": "sse4_2", "lzcnt": "abm", "bmi": "bmi1", "pclmul": "pclmulqdq"}
+    cpuinfo = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    words = set(next(line for line in cpuinfo.splitlines() if line.startswith("flags")).split(":")[1].split())
+    return flags.get(feature, feature) in words
+
+
 def assert_outputs_match(expected, actual, rtol=1e-4, atol=1e-5):
     assert len(expected) == len(actual)
     for k, (e, a) in enumerate(zip(expected, actual)):

@@ -43,3 +43,26 @@ def const_i64(*values: int) -> np.ndarray:
 
 def weights(*shape: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def resnet_block(channels: int, size: int, batch_norm: bool = True) -> onnx.ModelProto:
+    """Conv 3x3 → [BatchNormalization] → Relu → Conv 3x3 → [BatchNormalization] → + X → Relu on
+    [N, channels, size, size]. onnxruntime keeps its convolutions where ours lose (more than 16
+    channels) or fill no whole vectors (a width of 12); the bundled conv_block is 16 x 16 x 16."""
+    def stats(k):
+        return {f"s{k}": 1 + 0.1 * weights(channels, seed=k), f"b{k}": weights(channels, seed=k + 2),
+                f"m{k}": 0.1 * weights(channels, seed=k + 4), f"v{k}": 0.5 + np.abs(weights(channels, seed=k + 6))}
+
+    def conv(k, source, out):
+        nodes = [node("Conv", [source, f"W{k}"], f"c{k}" if batch_norm else out, pads=[1, 1, 1, 1])]
+        if batch_norm:
+            nodes.append(node("BatchNormalization", [f"c{k}", f"s{k}", f"b{k}", f"m{k}", f"v{k}"], out))
+        return nodes
+
+    scale = np.float32(1.0 / np.sqrt(9 * channels))
+    constants = {f"W{k}": weights(channels, channels, 3, 3, seed=k) * scale for k in (1, 2)}
+    if batch_norm:
+        constants.update({**stats(1), **stats(2)})
+    dims = ["N", channels, size, size]
+    return model([*conv(1, "X", "n1"), node("Relu", ["n1"], "r1"), *conv(2, "r1", "n2"), node("Add", ["n2", "X"], "res"),
+                  node("Relu", ["res"], "Y")], {"X": dims}, {"Y": dims}, constants)

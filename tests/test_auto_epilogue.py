@@ -10,12 +10,12 @@ import numpy as np
 import onnx
 from conftest import MODELS, assert_outputs_match, run_both
 from onnx import helper
-from onnx_builder import model, node, weights
+from onnx_builder import model, node, resnet_block, weights
 
 from onnxfuse import optimize
 from onnxfuse.frontend.loader import load_model
 from onnxfuse.fusion.plan import plan_fusion
-from onnxfuse.select.auto import leave_to_onnxruntime
+from onnxfuse.select.auto import competitive_convolutions, is_competitive_conv, leave_to_onnxruntime
 
 
 def _auto_plan(source):
@@ -80,11 +80,36 @@ def test_without_auto_the_plan_still_puts_the_conv_in_its_group():
 
 
 def test_batch_norm_and_relu_stay_with_the_conv_the_residual_epilogue_fuses():
-    plan = _auto_plan(MODELS / "conv_block.onnx")
+    """A ResNet block on 12 x 12 images: rows of 12 fill no whole vectors, so onnxruntime keeps
+    its convolutions (the front end has folded each batch norm into its Conv, as onnxruntime does)."""
+    graph = load_model(resnet_block(8, 12))
+    assert [n.op_type for n in graph.nodes] == ["Conv", "Relu", "Conv", "Add", "Relu"]
+    plan = plan_fusion(graph, leave_out=leave_to_onnxruntime)
     assert [g.op_types for g in plan.groups] == [("Add", "Relu")]
     reasons = _reasons(plan)
-    assert "fuses it into Conv#0" in reasons["#1"] and "fuses it into Conv#0" in reasons["#2"]
-    assert "fuses it into Conv#3" in reasons["#4"]
+    assert "fuses it into Conv#0" in reasons["#1"]
+    assert reasons["#2"].startswith("opaque: auto: onnxruntime's Conv")
+
+
+def test_convolutions_that_are_all_competitive_fuse_with_their_epilogues():
+    """The bundled block (16 x 16 images, stride 1): both convolutions compile, each with its
+    epilogue, and no Conv is left to onnxruntime's blocked layout."""
+    plan = _auto_plan(MODELS / "conv_block.onnx")
+    assert [g.op_types for g in plan.groups] == [("Conv", "Relu"), ("Conv", "Add", "Relu")]
+    assert plan.unfused == [] or all("Conv" not in u.reason for u in plan.unfused)
+
+
+def test_one_untiled_conv_leaves_every_conv_of_the_graph_to_onnxruntime():
+    """A stride-2 Conv after a tiled one: onnxruntime runs the strided one in its blocked layout,
+    so a kernel for the first would cost layout conversions between them; both stay."""
+    m = model([node("Conv", ["X", "W1"], "c1", pads=[1, 1, 1, 1]), node("Relu", ["c1"], "r1"),
+               node("Conv", ["r1", "W2"], "Y", pads=[1, 1, 1, 1], strides=[2, 2])],
+              {"X": ["N", 4, 16, 16]}, {"Y": ["N", 4, 8, 8]},
+              {f"W{k}": weights(4, 4, 3, 3, seed=k) * 0.3 for k in (1, 2)})
+    graph = load_model(m)
+    assert competitive_convolutions(graph) == set()
+    assert _auto_plan(m).groups == []
+    assert is_competitive_conv(graph, graph.nodes[0]) and not is_competitive_conv(graph, graph.nodes[2])
 
 
 def test_mobilenet_keeps_its_between_conv_activations_with_onnxruntime():

@@ -14,7 +14,7 @@ import onnxfuse
 # model → (ops per group in plan order, nodes left to onnxruntime)
 EXPECTED = {
     "concat_exit": ([5], 0),
-    "conv_block": ([3, 4], 0),
+    "conv_block": ([2, 3], 0),  # each BatchNormalization folded into its Conv by the front end
     "diamond": ([5], 0),
     "gru_cell": ([17], 0),
     "lstm_cell": ([14], 0),

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 import pytest
-from conftest import MODELS, assert_outputs_match, run_both
+from conftest import MODELS, assert_outputs_match, host_has, run_both
 
 from onnxfuse import optimize
 from onnxfuse.codegen import register_file
@@ -133,12 +133,12 @@ def test_each_level_can_carry_its_own_small_batch_threshold():
 def test_this_machine_runs_its_best_level_and_every_level_matches_onnxruntime(portable):
     original, (fused, library) = MODELS / "lstm_cell.onnx", portable["lstm_cell"]
     best = next(level.name for level in resolve_target("portable").levels
-                if all(_host_has(feature) for feature in level.requires))
+                if all(host_has(feature) for feature in level.requires))
     assert probe(None, original, fused, library, (1, 37))["level"] == best
-    if _host_has("avx512f"):
+    if host_has("avx512f"):
         assert best == "x86-64-v4"  # an AVX-512 build host keeps running its AVX-512 kernels
     for level in resolve_target("portable").levels:
-        if all(_host_has(feature) for feature in level.requires):
+        if all(host_has(feature) for feature in level.requires):
             report = probe(None, original, fused, library, (1, 9, 37), env={"ONNXFUSE_ISA_LEVEL": level.name})
             assert report["level"] == level.name
             assert_matches(report)
@@ -158,13 +158,6 @@ def test_an_unknown_forced_level_is_a_session_error(portable):
     assert report["level"] is None
     assert "ONNXFUSE_ISA_LEVEL=x86-64-v9 is not a level of this library; it has x86-64-v4 x86-64-v3 x86-64" \
         in report["session_error"]
-
-
-def _host_has(feature: str) -> bool:
-    flags = {"sse3": "pni", "sse4.1": "sse4_1", "sse4.2": "sse4_2", "lzcnt": "abm", "bmi": "bmi1", "pclmul": "pclmulqdq"}
-    cpuinfo = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-    words = set(next(line for line in cpuinfo.splitlines() if line.startswith("flags")).split(":")[1].split())
-    return flags.get(feature, feature) in words
 
 
 # ---- on emulated CPUs ------------------------------------------------------------------------

@@ -39,7 +39,7 @@ import tvm_ffi
 from tvm import s_tir
 
 from ..errors import short_reason
-from . import clamped_tail, concat_blocks, fold_rows, gemm_shapes, ieee_order, tir_walk, tree_schedule
+from . import clamped_tail, concat_blocks, conv_schedule, fold_rows, gemm_shapes, ieee_order, tir_walk, tree_schedule
 from .register_file import AVX512, RegisterFile
 
 TILE_ELEMENTS = 8192  # elements of the widest intermediate row block kept per tile
@@ -234,6 +234,8 @@ def inline_cheap_producers(sch, stats: ScheduleStats, max_duplication: int = 1) 
         for block_rv in reversed(_blocks(sch)):
             copies = _copies_if_inlined(sch, block_rv, outputs)
             if copies is None:
+                continue
+            if conv_schedule.is_conv_window(sch, block_rv):
                 continue
             if (copies > max_duplication and not tir_walk.is_index_copy(sch.get(block_rv))
                     and not _cheap_gemm_epilogue(sch, block_rv) and not _cheap_reread_of_inputs(sch, block_rv, copies)):
@@ -796,6 +798,11 @@ def schedule_reduction(sch, stats: ScheduleStats, block_rv, registers: RegisterF
         return
     if _is_matmul_like(block) and schedule_matmul(sch, stats, block_rv, registers):
         return
+    if conv_schedule.schedule_direct_conv(sch, block_rv, loops, registers,
+                                          lambda what, step: _try(stats, what, step)):
+        stats.reductions_scheduled += 1
+        stats.register_tiles += 1
+        return
     kinds = _loop_kinds(sch, block_rv, loops)
     reduce = [lp for lp, kind in zip(loops, kinds) if kind == COMM_REDUCE]
     contiguous = _contiguous_loop(sch, block_rv, loops)
@@ -908,6 +915,8 @@ def schedule_loop_nests(sch, stats: ScheduleStats, registers: RegisterFile, done
         block = sch.get(block_rv)
         if block.name_hint in done or _kept_at_root(block):
             continue  # a padded weight copy stays scalar: vectorized across its rows it gathers
+        if conv_schedule.is_conv_window(sch, block_rv):
+            continue  # its own loops (fused and split by the vector, its bounds test ran per element)
         if _is_reduction(block):
             schedule_reduction(sch, stats, block_rv, registers)
         elif block.body is not None and hasattr(block.body, "value"):

@@ -2,8 +2,12 @@
 
 Convolutions and pooling are planned as opaque (`leave_to_onnxruntime`, given to the planner), so
 they never take their epilogue down with them: a residual Add + Relu after a Conv still fuses
-into a kernel of its own. Two kinds of neighbours stay with onnxruntime too, because taking them
-out measured slower:
+into a kernel of its own. The exception: a graph whose every Conv is one our register-tiled
+convolution runs faster than onnxruntime (small channel counts, stride 1: see
+is_competitive_conv) keeps its Convs, which then fuse with their epilogues like any anchor.
+
+Two kinds of neighbours of onnxruntime's convolutions stay with it too, because taking them out
+measured slower:
 
 - the epilogue onnxruntime folds into its own Conv kernel: BatchNormalization, an Add or Mul of
   a constant, then one activation its fused Conv applies (Relu, Clip, Sigmoid, ...);
@@ -68,9 +72,11 @@ def _why(op_types) -> str:
             f"(--select all compiles it, --select measured times it)")
 
 
-def auto_rejects(group: FusedGroup) -> str | None:
-    """Why `auto` leaves this group to onnxruntime, or None to compile it."""
-    slow = uncompetitive_ops(group.op_types)
+def auto_rejects(group: FusedGroup, graph: Graph | None = None) -> str | None:
+    """Why `auto` leaves this group to onnxruntime, or None to compile it. `graph`: the scope
+    the group is in, whose competitive_convolutions count as competitive."""
+    ours = competitive_convolutions(graph) if graph is not None else set()
+    slow = uncompetitive_ops(op for index, op in zip(group.node_indices, group.op_types) if index not in ours)
     if slow:
         return _why(slow)
     if only_moves_data(group.op_types):
@@ -89,6 +95,7 @@ def leave_to_onnxruntime(graph: Graph) -> dict[int, str]:
     """The nodes of `graph` that `auto` plans as opaque (by index), with the reason: the ops
     onnxruntime runs much faster, and the epilogue it fuses into a Conv of its own."""
     reasons: dict[int, str] = {}
+    ours = competitive_convolutions(graph)
     for node in graph.nodes:
         if is_large_gemv(graph, node):
             for index in [node.index, *(n.index for n in _elementwise_chain(graph, node))]:
@@ -102,7 +109,7 @@ def leave_to_onnxruntime(graph: Graph) -> dict[int, str]:
             reasons[node.index] = ("auto: its output holds the batch in the last axis (batch-last layout, e.g. W @ X^T): "
                                    "our schedule strides every access by the batch there, onnxruntime is many times "
                                    "faster")
-        if not uncompetitive_ops([node.op_type]) or node.domain not in ("", "ai.onnx"):
+        if not uncompetitive_ops([node.op_type]) or node.domain not in ("", "ai.onnx") or node.index in ours:
             continue
         reasons[node.index] = _why([node.op_type])
         if node.op_type == "Conv":
@@ -121,6 +128,46 @@ def leave_to_onnxruntime(graph: Graph) -> dict[int, str]:
         reasons[index] = ("auto: elementwise or data movement between convolutions, which onnxruntime runs in "
                           "its blocked layout; a kernel here would cost two layout conversions")
     return reasons
+
+
+CONV_WIDTH_MULTIPLE = 16
+"""Output widths that are a multiple of this fill whole vectors on every level (AVX-512's 16
+lanes, AVX2's 8, SSE's and NEON's 4), which codegen/conv_schedule needs."""
+MAX_CONV_INPUT_CHANNELS = 16
+MAX_CONV_OUTPUT_CHANNELS = 32
+
+
+def competitive_convolutions(graph: Graph) -> set[int]:
+    """The Conv nodes of `graph` our register-tiled convolution (codegen/conv_schedule) runs
+    faster than onnxruntime, if every Conv of the graph is one (else none). All or none, since
+    onnxruntime runs its own Convs in its blocked layout: a kernel beside them costs two layout
+    conversions (module doc)."""
+    convs = [n for n in graph.nodes if n.op_type == "Conv" and n.domain in ("", "ai.onnx")]
+    if not convs or not all(is_competitive_conv(graph, n) for n in convs):
+        return set()
+    return {n.index for n in convs}
+
+
+def is_competitive_conv(graph: Graph, node: Node) -> bool:
+    """A Conv that codegen/conv_schedule register-tiles (2-D, one group, stride and dilation 1,
+    float32, static weights and an output width that fills whole vectors; a window wider than
+    1 x 1) with at most 16 input and 32 output channels. Measured, Conv (+ bias) + Relu, paired
+    rounds, batch 1 / 64 against onnxruntime: [N, 16, 16, 16] 3x3 to 16 channels 1.10x / 1.27x
+    (32 wide), 5x5 1.39x / 1.48x, 3 -> 16 channels 1.28x / 1.36x, 8 -> 8 2.06x / 2.53x; to 32
+    channels 1.02x / 1.09x. Past those sizes onnxruntime's blocked kernel wins: 16 -> 64
+    channels 1.05x / 0.93x, 32 -> 32 0.93x / 1.07x, 64 -> 64 0.87x / 0.95x, 128 -> 128 0.59x."""
+    if len(node.inputs) < 2 or not node.outputs or node.attributes.get("group", 1) != 1:
+        return False
+    if any(s != 1 for s in node.attributes.get("strides", [])) or any(d != 1 for d in node.attributes.get("dilations", [])):
+        return False
+    weights, out = graph.value(node.inputs[1]), graph.value(node.outputs[0])
+    if out.dtype != "float32" or not weights.shape or len(weights.shape) != 4 or not out.shape or len(out.shape) != 4:
+        return False
+    if not all(isinstance(d, int) for d in weights.shape) or not isinstance(out.shape[3], int):
+        return False
+    out_channels, in_channels, height, width = weights.shape
+    return (out.shape[3] % CONV_WIDTH_MULTIPLE == 0 and height * width > 1
+            and in_channels <= MAX_CONV_INPUT_CHANNELS and out_channels <= MAX_CONV_OUTPUT_CHANNELS)
 
 
 def has_batch_last_layout(graph: Graph, node: Node) -> bool:

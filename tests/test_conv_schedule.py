@@ -1,0 +1,110 @@
+"""Direct convolutions get a register tile (codegen/conv_schedule) and sum in onnxruntime's order:
+the kernel's answers against onnxruntime on the original model, and the schedule's own steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from conftest import MODELS, assert_outputs_match, host_has, run_both
+from onnx_builder import model, node, weights
+from tvm import s_tir
+
+from onnxfuse import optimize
+from onnxfuse.codegen import conv_schedule, relax_import, schedule
+from onnxfuse.codegen.register_file import AVX2, AVX512, NEON
+from onnxfuse.frontend.loader import load_model
+from onnxfuse.fusion.extract import extract_group
+from onnxfuse.fusion.plan import plan_fusion
+
+# onnxruntime sums a Conv with 16 input channels in one block of its NCHWc kernel on AVX-512
+# CPUs (its block is 16 channels there, 8 on AVX2): that is the order the kernel follows.
+SAME_BITS = host_has("avx512f")
+
+
+def conv_relu(channels: int, out_channels: int, size: int, window: int, strides=(1, 1)) -> onnx.ModelProto:
+    pad = window // 2
+    out_size = (size + 2 * pad - window) // strides[0] + 1
+    return model([node("Conv", ["X", "W", "B"], "c", pads=[pad] * 4, strides=list(strides)), node("Relu", ["c"], "Y")],
+                 {"X": ["N", channels, size, size]}, {"Y": ["N", out_channels, out_size, out_size]},
+                 {"W": weights(out_channels, channels, window, window, seed=1) * 0.2, "B": weights(out_channels, seed=2)})
+
+
+def _conv_block_of(source):
+    graph = load_model(source)
+    (group,) = plan_fusion(graph).groups
+    func = relax_import.import_group(extract_group(graph, group), "k").prim_func
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    conv = next(b for b in sch.get_child_blocks(sch.get_sblock("root")) if schedule._is_reduction(sch.get(b)))
+    return sch, conv
+
+
+def test_a_stride_one_conv_is_recognised_and_a_strided_one_is_not():
+    sch, conv = _conv_block_of(conv_relu(4, 4, 16, 3))
+    assert conv_schedule.direct_conv_axes(sch.get(conv)) is not None
+    window = sch.get_producers(conv)
+    assert any(conv_schedule.is_conv_window(sch, b) for b in window)
+    sch, conv = _conv_block_of(conv_relu(4, 4, 16, 3, strides=(2, 2)))
+    assert conv_schedule.direct_conv_axes(sch.get(conv)) is None
+
+
+def test_a_matrix_product_is_no_convolution():
+    m = model([node("MatMul", ["X", "W"], "p"), node("Relu", ["p"], "Y")], {"X": ["N", 16]}, {"Y": ["N", 16]},
+              {"W": weights(16, 16)})
+    sch, block = _conv_block_of(m)
+    assert conv_schedule.direct_conv_axes(sch.get(block)) is None
+
+
+def test_the_register_tile_holds_as_many_output_channels_as_registers_allow():
+    assert conv_schedule.output_channels_per_tile(16, AVX512) == 16
+    assert conv_schedule.output_channels_per_tile(48, AVX512) == 24  # 24 of 32 zmm
+    assert conv_schedule.output_channels_per_tile(32, AVX512) == 16  # the largest divisor that fits
+    assert conv_schedule.output_channels_per_tile(16, AVX2) == 8  # 8 of 16 ymm
+    assert conv_schedule.output_channels_per_tile(7, NEON) == 7
+
+
+def test_the_schedule_tiles_the_conv_and_keeps_its_padded_image():
+    graph = load_model(conv_relu(16, 16, 16, 3))
+    (group,) = plan_fusion(graph).groups
+    func = relax_import.import_group(extract_group(graph, group), "k").prim_func
+    scheduled, stats = schedule.schedule_group(func, registers=AVX512)
+    assert stats.register_tiles == 1 and not [s for s in stats.skipped_steps if "conv" in s]
+    text = scheduled.script()
+    assert 'T.sblock("pad_temp")' in text and "T.unroll(T.int64(16))" in text
+
+
+@pytest.mark.parametrize("shape", [(16, 16, 16, 3), (16, 32, 16, 3), (16, 16, 32, 3), (16, 16, 16, 5),
+                                   (8, 8, 16, 3), (3, 16, 32, 3), (32, 16, 16, 3)])
+def test_the_kernel_computes_onnxruntimes_conv(tmp_path, cache, shape):
+    """Bit for bit where onnxruntime sums one 16-channel block on this CPU (16 input channels,
+    output channels a multiple of 16, AVX-512); within tolerance elsewhere (its other kernels sum
+    in other orders)."""
+    channels, out_channels, size, window = shape
+    path = tmp_path / "conv.onnx"
+    onnx.save(conv_relu(channels, out_channels, size, window), str(path))
+    result = optimize(path, tmp_path / "conv.fused.onnx", cache_dir=cache, jobs=1, select="all")
+    (group,) = result.report["groups"]
+    assert group["status"] in ("compiled", "cached") and group["stats"]["register_tiles"] == 1
+    same_bits = SAME_BITS and channels == 16 and out_channels % 16 == 0
+    for batch in (1, 3, 64):
+        x = np.random.default_rng(batch).standard_normal((batch, channels, size, size)).astype(np.float32)
+        expected, actual = run_both(path, result.model_path, {"X": x})
+        assert_outputs_match(expected, actual, rtol=1e-4, atol=1e-4)
+        if same_bits:
+            assert expected[0].tobytes() == actual[0].tobytes(), batch
+
+
+def test_the_bundled_resnet_block_compiles_by_default_and_is_onnxruntimes_bit_for_bit(tmp_path, cache):
+    """Both convolutions of conv_block are kernels under `--select auto` (select/auto.py), their
+    batch norms folded as onnxruntime folds them (frontend/fold_batch_norms)."""
+    result = optimize(MODELS / "conv_block.onnx", tmp_path / "conv_block.fused.onnx", cache_dir=cache, jobs=1)
+    assert [(g["op_types"], g["status"] != "fallback") for g in result.report["groups"]] == [
+        (["Conv", "Relu"], True), (["Conv", "Add", "Relu"], True)]
+    assert not [n for n in onnx.load(str(result.model_path)).graph.node if n.op_type == "Conv"]
+    for batch in (1, 3, 64):
+        x = np.random.default_rng(batch).standard_normal((batch, 16, 16, 16)).astype(np.float32)
+        expected, actual = run_both(MODELS / "conv_block.onnx", result.model_path, {"X": x})
+        assert_outputs_match(expected, actual)
+        if SAME_BITS:
+            assert expected[0].tobytes() == actual[0].tobytes(), batch
