@@ -157,6 +157,30 @@ class MobileNetTiny(nn.Module):
         return self.fc(torch.flatten(self.pool(x), 1))
 
 
+class DenoiserTiny(nn.Module):
+    """DnCNN-style image denoiser, fully convolutional at full resolution: Conv(3 -> 16)-ReLU,
+    three Conv(16 -> 16)-BN-ReLU, Conv(16 -> 3) predicting the noise, subtracted from the input.
+    The batch norms carry running statistics as training leaves them (not the init's 0 and 1)."""
+
+    def __init__(self):
+        super().__init__()
+        layers = [nn.Conv2d(3, 16, 3, 1, 1), nn.ReLU()]
+        for _ in range(3):
+            layers.append(_conv_bn(16, 16, 3, act=nn.ReLU))
+        layers.append(nn.Conv2d(16, 3, 3, 1, 1))
+        self.body = nn.Sequential(*layers)
+        generator = torch.Generator().manual_seed(SEED)
+        for module in self.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.copy_(0.1 * torch.randn(16, generator=generator))
+                module.running_var.copy_(0.5 + torch.rand(16, generator=generator))
+                module.weight.data.copy_(1 + 0.1 * torch.randn(16, generator=generator))
+                module.bias.data.copy_(0.1 * torch.randn(16, generator=generator))
+
+    def forward(self, x):
+        return x - self.body(x)
+
+
 class BranchyCell(nn.Module):
     """Data-dependent branch: if the input's mean is positive an LSTMCell step, else a 2-layer
     MLP gating c. Both branches return new (h, c) of shape [B, 128] (torch.cond forbids a
@@ -274,6 +298,13 @@ def _specs():
                  "1x1 Conv-BN, residual Add), a depthwise stride-2 Conv-BN-SiLU, 1x1 "
                  "Conv-BN-SiLU head, global average pool, flatten, Linear(128, 10)",
         feeds={"x": _randn(rng, 8, 3, 32, 32)}, outputs=["logits"], batch_axes={"x": 0}))
+    # Last, so the feeds drawn for the models above stay what they were.
+    specs.append(dict(
+        stem="denoiser_tiny", make=DenoiserTiny,
+        computes="DnCNN-style denoiser on [B, 3, 32, 32]: Conv(3->16)-ReLU, three "
+                 "Conv(16->16)-BN-ReLU, Conv(16->3), subtracted from the input; every Conv 3x3, "
+                 "stride 1, padding 1",
+        feeds={"x": _randn(rng, 8, 3, 32, 32)}, outputs=["denoised"], batch_axes={"x": 0}))
     return specs
 
 

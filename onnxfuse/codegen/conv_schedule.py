@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import tvm
 
+from .conv_blocks import BLOCK_SUMS, BLOCKS_SUM
 from .register_file import RegisterFile
 
 CONV_ACCUMULATOR_REGISTERS = 8
@@ -76,9 +77,26 @@ def is_conv_window(sch, block_rv) -> bool:
         return False
     for consumer in sch.get_consumers(block_rv):
         block = sch.get(consumer)
-        if direct_conv_axes(block) is not None and block.reads[0].source.same_as(written[0].source):
+        if (direct_conv_axes(block) is not None or is_block_sums(block)) and block.reads[0].source.same_as(written[0].source):
             return True
     return False
+
+
+def is_block_sums(block) -> bool:
+    """The per-block sums of a conv lowered in channel blocks (conv_blocks): n, b, k, y, x then
+    the reduction over the block's channels and the window."""
+    kinds = [int(iv.iter_type) for iv in block.iter_vars]
+    return block.name_hint.startswith(BLOCK_SUMS) and kinds == [0, 0, 0, 0, 0, 2, 2, 2]
+
+
+def block_sums_of(sch, block_rv):
+    """The block-sums block whose results this block adds up (the final sum of conv_blocks), or None."""
+    block = sch.get(block_rv)
+    kinds = [int(iv.iter_type) for iv in block.iter_vars]
+    if not block.name_hint.startswith(BLOCKS_SUM) or kinds != [0, 0, 0, 0, 2] or len(block.reads) != 1:
+        return None
+    producers = [p for p in sch.get_producers(block_rv) if is_block_sums(sch.get(p))]
+    return producers[0] if len(producers) == 1 else None
 
 
 def _static(expr) -> int | None:
@@ -105,9 +123,15 @@ def schedule_direct_conv(sch, block_rv, loops, registers: RegisterFile, attempt)
     Returns None with the schedule unchanged where the shape does not fit: a symbolic channel
     or width, or a width that is no multiple of the vector (and wider than one)."""
     block = sch.get(block_rv)
-    if direct_conv_axes(block) is None or len(loops) != 7:
+    sums = block_sums_of(sch, block_rv)
+    if sums is not None and len(loops) == 5:
+        n, k, y, x, blocks = loops
+        reduction = [blocks]
+    elif direct_conv_axes(block) is not None and len(loops) == 7:
+        n, k, y, x, c, dy, dx = loops
+        reduction = [dy, dx, c]
+    else:
         return None
-    n, k, y, x, c, dy, dx = loops
     channels, width = _static(sch.get(k).extent), _static(sch.get(x).extent)
     lanes = registers.lanes(32)
     if channels is None or width is None or (width > lanes and width % lanes):
@@ -124,19 +148,42 @@ def schedule_direct_conv(sch, block_rv, loops, registers: RegisterFile, attempt)
             return None
         columns = list(holder["x"])
     vector = columns[-1]
-    order = [n, k_outer, y, *columns[:-1], dy, dx, c, k_inner, vector]
+    order = [n, k_outer, y, *columns[:-1], *reduction, k_inner, vector]
     if not attempt(f"reorder {name}", lambda: sch.reorder(*order)):
         return None
-    tile_loop = order[len(order) - 6]  # the last loop outside the reduction
+    tile_loop = order[len(order) - 3 - len(reduction)]  # the last loop outside the reduction
     writeback = None
     if attempt(f"cache_write {name}", lambda: holder.update(wb=sch.cache_write(block_rv, 0, "local"))):
         if attempt(f"reverse_compute_at {name}", lambda: sch.reverse_compute_at(holder["wb"], tile_loop)):
             writeback = holder["wb"]
             attempt(f"vectorize writeback {name}", lambda: sch.vectorize(sch.get_loops(writeback)[-1]))
+    if sums is not None:
+        _block_sums_in_registers(sch, sums, reduction[0], attempt)
     attempt(f"vectorize {name}", lambda: sch.vectorize(vector))
     attempt(f"unroll {name}", lambda: sch.unroll(k_inner))
-    if attempt(f"decompose {name}", lambda: holder.update(init=sch.decompose_reduction(block_rv, dy))):
+    if attempt(f"decompose {name}", lambda: holder.update(init=sch.decompose_reduction(block_rv, reduction[0]))):
         init_loops = sch.get_loops(holder["init"])
         if sch.get(init_loops[-1]).kind != tvm.tirx.ForKind.VECTORIZED:
             attempt(f"vectorize init {name}", lambda: sch.vectorize(init_loops[-1]))
     return ConvTile(writeback, tile_loop)
+
+
+def _block_sums_in_registers(sch, sums_rv, blocks_loop, attempt) -> None:
+    """Each channel block's sums for one register tile, computed right where the final sum adds
+    them (under its loop over blocks) into registers of their own: the same FMA per weight and
+    image vector as one chain, then one add per accumulator and block."""
+    name = sch.get(sums_rv).name_hint
+    if not attempt(f"compute_at {name}", lambda: sch.compute_at(sums_rv, blocks_loop, preserve_unit_loops=True)):
+        return
+    attempt(f"registers {name}", lambda: sch.set_scope(sums_rv, 0, "local"))
+    loops = list(sch.get_loops(sums_rv))[-8:]  # n, b, k, y, x (the tile's extents), c, dy, dx
+    n, b, k, y, x, c, dy, dx = loops
+    if not attempt(f"reorder {name}", lambda: sch.reorder(n, b, y, dy, dx, c, k, x)):
+        return
+    attempt(f"vectorize {name}", lambda: sch.vectorize(x))
+    attempt(f"unroll {name}", lambda: sch.unroll(k))
+    holder: dict = {}
+    if attempt(f"decompose {name}", lambda: holder.update(init=sch.decompose_reduction(sums_rv, dy))):
+        init_loops = sch.get_loops(holder["init"])
+        if sch.get(init_loops[-1]).kind != tvm.tirx.ForKind.VECTORIZED:
+            attempt(f"vectorize init {name}", lambda: sch.vectorize(init_loops[-1]))

@@ -19,6 +19,7 @@
 - `multiply`: its float product is fenced from FMA contraction (rounded_products).
 - `layer_norm`: onnxruntime's algorithms, Welford for short rows, a float64 mean otherwise
   (layer_norm.py).
+- `conv2d`: summed in blocks of input channels, as onnxruntime sums it (conv_blocks.py).
 
 The Relax rewrites that run before lowering are passes of their own: unfold_stack_reductions,
 nan_safe_comparisons, fold_shape_take.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax, te, topi
 
+from .conv_blocks import legalize_conv2d
 from .layer_norm import legalize_layer_norm
 from .rounded_products import legalize_multiply
 
@@ -176,4 +178,5 @@ CUSTOM_LEGALIZE = {
     "relax.sinh": _legalize_sinh,
     "relax.multiply": legalize_multiply,
     "relax.nn.layer_norm": legalize_layer_norm,
+    "relax.nn.conv2d": legalize_conv2d,
 }

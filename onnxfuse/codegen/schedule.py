@@ -807,14 +807,16 @@ def schedule_reduction(sch, stats: ScheduleStats, block_rv, registers: RegisterF
     loops = _own_loops(sch, block_rv)
     if len(loops) != len(block.iter_vars):
         return
-    if _is_matmul_like(block) and schedule_matmul(sch, stats, block_rv, registers):
-        return
+    if conv_schedule.is_block_sums(block):
+        return  # scheduled with the sum of its blocks, under that block's register tile
     tile = conv_schedule.schedule_direct_conv(sch, block_rv, loops, registers, lambda what, step: _try(stats, what, step))
     if tile is not None:
         stats.reductions_scheduled += 1
         stats.register_tiles += 1
         if tile.writeback is not None:
             epilogue_chain_per_register_tile(sch, stats, tile.writeback, tile.loop)
+        return
+    if _is_matmul_like(block) and schedule_matmul(sch, stats, block_rv, registers):
         return
     kinds = _loop_kinds(sch, block_rv, loops)
     reduce = [lp for lp, kind in zip(loops, kinds) if kind == COMM_REDUCE]

@@ -1,0 +1,128 @@
+"""A Conv lowered as onnxruntime's CPU kernels sum it: in blocks of input channels.
+
+onnxruntime (1.32, x86 with AVX-512) sums a 2-D convolution's products per block of input
+channels and then adds the blocks' sums in order: a chain of fused multiply-adds from 0 over the
+window rows, columns and the block's channels (channels innermost) per block, the block sums
+added one by one, then the bias. Its blocks are 16 channels (its NCHWc layout) when the input
+has 16 channels or more, the last block ragged if the count is no multiple of 16, and single
+channels below 16 (its NCHW-input kernel: one window sum per channel). Found by emulating
+candidates in numpy against onnxruntime: 3, 16, 24, 32 and 48 input channels, bit for bit.
+
+TVM's conv2d is one chain over every channel and window position. For one block (exactly 16
+channels) the order is the same, and the register-tiled schedule (conv_schedule) walks it in
+onnxruntime's order; for more blocks, or single-channel ones, this lowering computes the block
+sums as a block of their own (`conv2d_block_sums`) and their sum (`conv2d_nchw`), which
+conv_schedule tiles together. Every multiply-add of the chain is written so that LLVM fuses the
+new product and nothing else (_multiply_added). Other convolutions (strides, dilations,
+groups, other layouts) keep TVM's lowering.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import te, topi
+
+from .rounded_products import rounded
+
+ONNXRUNTIME_CHANNEL_BLOCK = 16
+"""onnxruntime's NCHWc block on AVX-512 CPUs (8 on AVX2 ones, whose sums this does not follow)."""
+
+BLOCK_SUMS = "conv2d_block_sums"
+BLOCKS_SUM = "conv2d_nchw"
+
+
+def channel_block(channels: int) -> int:
+    """Input channels per block onnxruntime sums alone (module doc)."""
+    return ONNXRUNTIME_CHANNEL_BLOCK if channels >= ONNXRUNTIME_CHANNEL_BLOCK else 1
+
+
+def _out_dtype(attrs) -> str | None:
+    """The call's out_dtype, None where it leaves it to the input's ("" or void)."""
+    dtype = str(attrs.out_dtype)
+    return None if dtype in ("", "void", "None") else dtype
+
+
+def _static(expr) -> int | None:
+    return int(expr) if isinstance(expr, (int, tvm.tirx.IntImm)) else None
+
+
+def is_blocked_conv(data: te.Tensor, weights: te.Tensor, attrs) -> bool:
+    """Whether the conv2d is one this lowering takes: float32 NCHW/OIHW, one group, stride and
+    dilation 1, static channels."""
+    if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
+        return False
+    if int(attrs.groups) != 1 or any(int(s) != 1 for s in attrs.strides) or any(int(d) != 1 for d in attrs.dilation):
+        return False
+    if _out_dtype(attrs) not in (None, "float32") or data.dtype != "float32" or weights.dtype != "float32":
+        return False
+    channels = _static(weights.shape[1]) if len(weights.shape) == 4 else None
+    return channels is not None and len(data.shape) == 4
+
+
+# Each step adds the new product to the running sum, which is fenced: LLVM may only fuse the new
+# product into the add. With a plain sum, once LLVM had unrolled a short chain (a single channel's
+# 3x3 window) and dropped its `0 +`, it fused the first product into the second step instead
+# (x0 w0 + round(x1 w1) where onnxruntime computes round(x0 w0) + x1 w1): 4-9% of the outputs of
+# 8-output-channel convolutions differed in the last bit.
+_multiply_added = te.comm_reducer(lambda total, product: product + rounded(total),
+                                  lambda dtype: tvm.tirx.const(0.0, dtype), name="multiply_added")
+# The blocks' sums, each rounded alone before it is added (a one-term block is a bare product).
+_rounded_sum = te.comm_reducer(lambda total, block_sum: total + rounded(block_sum),
+                               lambda dtype: tvm.tirx.const(0.0, dtype), name="rounded_sum")
+
+
+def conv2d_in_blocks(data: te.Tensor, weights: te.Tensor, padding) -> te.Tensor:
+    """out[n, k, y, x] = sum over blocks b of (sum over c in b, dy, dx of image * weight), each
+    sum from 0, the inner one in (dy, dx, c) order once scheduled (module doc). One block is one
+    stage, as TVM's own conv2d_nchw: out[n, k, y, x] over (c, dy, dx)."""
+    top, left, bottom, right = (int(p) for p in padding)
+    batch, channels, height, width = data.shape
+    out_channels, _, rows, cols = weights.shape
+    channels = int(channels)
+    block = channel_block(channels)
+    blocks = -(-channels // block)
+    image = topi.nn.pad(data, [0, 0, top, left], [0, 0, bottom, right], name="pad_temp") \
+        if (top, left, bottom, right) != (0, 0, 0, 0) else data
+    out_shape = (batch, out_channels, height + top + bottom - rows + 1, width + left + right - cols + 1)
+    dy = te.reduce_axis((0, rows), name="ry")
+    dx = te.reduce_axis((0, cols), name="rx")
+    if blocks == 1:
+        c = te.reduce_axis((0, channels), name="rc")
+        return te.compute(out_shape, lambda n, k, y, x: _multiply_added(
+            image[n, c, y + dy, x + dx] * weights[k, c, dy, dx], axis=[c, dy, dx]), name=BLOCKS_SUM)
+    c = te.reduce_axis((0, block), name="rc")
+
+    def block_sum(n, b, k, y, x):
+        channel = b * block + c
+        if channels % block == 0:
+            return _multiply_added(image[n, channel, y + dy, x + dx] * weights[k, channel, dy, dx], axis=[c, dy, dx])
+        # The last block is ragged. TVM 0.27's create_prim_func drops a reduction's `where`, so the
+        # missing channels read the last one (in bounds) and add +0 x -0 = -0, which leaves every
+        # sum as it is (x + -0 = x, for x = +0 and -0 too); the product stays fused into the add.
+        within = channel < channels
+        last = tvm.tirx.min(channel, channels - 1)
+        zero = tvm.tirx.const(0.0, image.dtype)
+        pixel = tvm.tirx.Select(within, image[n, last, y + dy, x + dx], zero)
+        weight = tvm.tirx.Select(within, weights[k, last, dy, dx], tvm.tirx.const(-0.0, image.dtype))
+        return _multiply_added(pixel * weight, axis=[c, dy, dx])
+
+    sums = te.compute((batch, blocks, *out_shape[1:]), block_sum, name=BLOCK_SUMS)
+    b = te.reduce_axis((0, blocks), name="rb")
+    return te.compute(out_shape, lambda n, k, y, x: _rounded_sum(sums[n, b, k, y, x], axis=b), name=BLOCKS_SUM)
+
+
+def legalize_conv2d(bb, call):
+    """The blocked lowering where is_blocked_conv holds, else TVM's own (topi.nn.conv)."""
+    attrs = call.attrs
+    if attrs.out_layout != attrs.data_layout or len(attrs.data_layout) != 4 or len(attrs.kernel_layout) != 4:
+        return call  # as TVM's own legalization: topi cannot lower these either
+
+    def lowered(data, weights):
+        if is_blocked_conv(data, weights, attrs):
+            return conv2d_in_blocks(data, weights, list(attrs.padding))
+        ints = lambda values: [int(v) for v in values]  # noqa: E731 - TVM arrays as topi's lists
+        return topi.nn.conv(data, weights, ints(attrs.strides), ints(attrs.padding), ints(attrs.dilation),
+                            int(attrs.groups), str(attrs.data_layout), str(attrs.kernel_layout),
+                            _out_dtype(attrs) or data.dtype)
+
+    return bb.call_te(lowered, call.args[0], call.args[1], primfunc_name_hint="conv2d")
