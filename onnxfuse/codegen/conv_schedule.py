@@ -1,22 +1,20 @@
 """A direct convolution as a register-tiled loop nest, summed in onnxruntime's order.
 
-TVM's conv2d_nchw block (after its padding block) is
+A stride-1 conv2d block (after its padding block) is
 
-    out[n, k, y, x] += pad[n, c, y + dy, x + dx] * w[k, c, dy, dx]     (stride 1, dilation 1)
+    out[n, k, y, x] += pad[n, c, y + dy, x + dx] * w[k, c, dy, dx]
 
-Scheduled as a plain reduction, its accumulators stay in memory: a ResNet basic block's Conv
-kernel took 193 us where onnxruntime's Conv took 13.5 us at batch 1. Here one register tile holds
-`channels` output channels x one vector of output columns (x), and every step of the reduction
-loads one vector of the padded input and multiplies it by one broadcast weight per output
-channel: `channels` FMAs per load, as onnxruntime's blocked (NCHWc) kernel does.
+or, lowered in onnxruntime's channel blocks (conv_blocks), block sums over (c, dy, dx) and their
+sum over the blocks. Scheduled as a plain reduction, the accumulators stayed in memory: a ResNet
+basic block's Conv kernel took 193 us where onnxruntime's Conv took 13.5 us at batch 1. Here one
+register tile holds `channels` output channels x one vector of output columns (x), and every
+step of the reduction loads one vector of the padded input and multiplies it by one broadcast
+weight per output channel: `channels` FMAs per load, as onnxruntime's blocked (NCHWc) kernel
+does. The reduction runs over (dy, dx, c), c innermost, onnxruntime's order within a block; a
+blocked conv computes each block's sums for the tile under the final sum's loop over blocks,
+in registers of their own. Bit for bit with onnxruntime on AVX-512 (tests/test_conv_schedule.py).
 
-The reduction runs over (dy, dx, c) with c innermost, the order onnxruntime's NCHWc kernel sums a
-block of 16 input channels in; with at most one such block (16 channels) and the batch norm
-folded as onnxruntime folds it (frontend/fold_batch_norms), the result is onnxruntime's bit for
-bit (tests/test_conv_schedule.py). With more input channels onnxruntime adds its blocks' partial
-sums; the sum here is one chain (within tolerance, not the same bits).
-
-Measured alone (one Conv + Relu, [N, 16, 16, 16], 3x3, 1 thread, paired calls): 1.58x
+First measured as a prototype (one Conv + Relu, [N, 16, 16, 16], 3x3, 1 thread): 1.58x
 onnxruntime's Conv at batch 1, 1.24x at 64, 1.15x at 1,000.
 """
 
@@ -161,11 +159,18 @@ def schedule_direct_conv(sch, block_rv, loops, registers: RegisterFile, attempt)
         _block_sums_in_registers(sch, sums, reduction[0], attempt)
     attempt(f"vectorize {name}", lambda: sch.vectorize(vector))
     attempt(f"unroll {name}", lambda: sch.unroll(k_inner))
-    if attempt(f"decompose {name}", lambda: holder.update(init=sch.decompose_reduction(block_rv, reduction[0]))):
+    _zero_first(sch, block_rv, reduction[0], attempt)
+    return ConvTile(writeback, tile_loop)
+
+
+def _zero_first(sch, block_rv, loop, attempt) -> None:
+    """The accumulators' zeroing as a vectorized block of its own, before the reduction `loop`."""
+    name = sch.get(block_rv).name_hint
+    holder: dict = {}
+    if attempt(f"decompose {name}", lambda: holder.update(init=sch.decompose_reduction(block_rv, loop))):
         init_loops = sch.get_loops(holder["init"])
         if sch.get(init_loops[-1]).kind != tvm.tirx.ForKind.VECTORIZED:
             attempt(f"vectorize init {name}", lambda: sch.vectorize(init_loops[-1]))
-    return ConvTile(writeback, tile_loop)
 
 
 def _block_sums_in_registers(sch, sums_rv, blocks_loop, attempt) -> None:
@@ -182,8 +187,4 @@ def _block_sums_in_registers(sch, sums_rv, blocks_loop, attempt) -> None:
         return
     attempt(f"vectorize {name}", lambda: sch.vectorize(x))
     attempt(f"unroll {name}", lambda: sch.unroll(k))
-    holder: dict = {}
-    if attempt(f"decompose {name}", lambda: holder.update(init=sch.decompose_reduction(sums_rv, dy))):
-        init_loops = sch.get_loops(holder["init"])
-        if sch.get(init_loops[-1]).kind != tvm.tirx.ForKind.VECTORIZED:
-            attempt(f"vectorize init {name}", lambda: sch.vectorize(init_loops[-1]))
+    _zero_first(sch, sums_rv, dy, attempt)
