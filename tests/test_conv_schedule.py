@@ -147,3 +147,27 @@ def test_both_exported_denoisers_compile_by_default_bit_for_bit(tmp_path, cache)
             assert_outputs_match(expected, actual)
             if SAME_BITS:
                 assert expected[0].tobytes() == actual[0].tobytes(), exporter
+
+
+def test_symbolic_image_sizes_and_padding_forms(tmp_path, cache):
+    """A symbolic height and width (no register tile: the width is unknown), SAME_UPPER padding,
+    asymmetric pads and none: each compiles and sums in onnxruntime's order all the same."""
+    weights_and_bias = {"W": weights(16, 16, 3, 3, seed=1) * 0.2, "B": weights(16, seed=2)}
+    square = ["N", 16, 16, 16]
+    cases = {
+        "symbolic": (["N", 16, "H", "Wd"], ["N", 16, "H", "Wd"], dict(pads=[1, 1, 1, 1])),
+        "same_upper": (square, square, dict(auto_pad="SAME_UPPER")),
+        "asymmetric": (square, square, dict(pads=[0, 1, 2, 1])),
+        "unpadded": (square, ["N", 16, 14, 14], {}),
+    }
+    for name, (dims, out_dims, attrs) in cases.items():
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(model([node("Conv", ["X", "W", "B"], "c", **attrs), node("Relu", ["c"], "Y")], {"X": dims},
+                        {"Y": out_dims}, weights_and_bias), str(path))
+        result = optimize(path, tmp_path / f"{name}.fused.onnx", cache_dir=cache, jobs=1, select="all")
+        assert [g["status"] != "fallback" for g in result.report["groups"]] == [True], name
+        x = np.random.default_rng(3).standard_normal((2, 16, 16, 16)).astype(np.float32)
+        expected, actual = run_both(path, result.model_path, {"X": x})
+        assert_outputs_match(expected, actual)
+        if SAME_BITS:
+            assert expected[0].tobytes() == actual[0].tobytes(), name

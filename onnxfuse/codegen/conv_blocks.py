@@ -72,9 +72,9 @@ _rounded_sum = te.comm_reducer(lambda total, block_sum: total + rounded(block_su
 
 
 def conv2d_in_blocks(data: te.Tensor, weights: te.Tensor, padding) -> te.Tensor:
-    """out[n, k, y, x] = sum over blocks b of (sum over c in b, dy, dx of image * weight), each
-    sum from 0, the inner one in (dy, dx, c) order once scheduled (module doc). One block is one
-    stage, as TVM's own conv2d_nchw: out[n, k, y, x] over (c, dy, dx)."""
+    """out[n, k, y, x] = sum over blocks b of (sum over dy, dx, c in b of image * weight), each
+    sum from 0 in that order (module doc), whatever the schedule does with the other loops. One
+    block is one stage, like TVM's own conv2d_nchw."""
     top, left, bottom, right = (int(p) for p in padding)
     batch, channels, height, width = data.shape
     out_channels, _, rows, cols = weights.shape
@@ -83,19 +83,21 @@ def conv2d_in_blocks(data: te.Tensor, weights: te.Tensor, padding) -> te.Tensor:
     blocks = -(-channels // block)
     image = topi.nn.pad(data, [0, 0, top, left], [0, 0, bottom, right], name="pad_temp") \
         if (top, left, bottom, right) != (0, 0, 0, 0) else data
-    out_shape = (batch, out_channels, height + top + bottom - rows + 1, width + left + right - cols + 1)
+    # Simplified, so a symbolic image size gives an output dim the kernel can name (H, not H + 2 - 3 + 1).
+    simplify = tvm.sym.Analyzer().simplify
+    out_shape = (batch, out_channels, simplify(height + top + bottom - rows + 1), simplify(width + left + right - cols + 1))
     dy = te.reduce_axis((0, rows), name="ry")
     dx = te.reduce_axis((0, cols), name="rx")
     if blocks == 1:
         c = te.reduce_axis((0, channels), name="rc")
         return te.compute(out_shape, lambda n, k, y, x: _multiply_added(
-            image[n, c, y + dy, x + dx] * weights[k, c, dy, dx], axis=[c, dy, dx]), name=BLOCKS_SUM)
+            image[n, c, y + dy, x + dx] * weights[k, c, dy, dx], axis=[dy, dx, c]), name=BLOCKS_SUM)
     c = te.reduce_axis((0, block), name="rc")
 
     def block_sum(n, b, k, y, x):
         channel = b * block + c
         if channels % block == 0:
-            return _multiply_added(image[n, channel, y + dy, x + dx] * weights[k, channel, dy, dx], axis=[c, dy, dx])
+            return _multiply_added(image[n, channel, y + dy, x + dx] * weights[k, channel, dy, dx], axis=[dy, dx, c])
         # The last block is ragged. TVM 0.27's create_prim_func drops a reduction's `where`, so the
         # missing channels read the last one (in bounds) and add +0 x -0 = -0, which leaves every
         # sum as it is (x + -0 = x, for x = +0 and -0 too); the product stays fused into the add.
@@ -104,7 +106,7 @@ def conv2d_in_blocks(data: te.Tensor, weights: te.Tensor, padding) -> te.Tensor:
         zero = tvm.tirx.const(0.0, image.dtype)
         pixel = tvm.tirx.Select(within, image[n, last, y + dy, x + dx], zero)
         weight = tvm.tirx.Select(within, weights[k, last, dy, dx], tvm.tirx.const(-0.0, image.dtype))
-        return _multiply_added(pixel * weight, axis=[c, dy, dx])
+        return _multiply_added(pixel * weight, axis=[dy, dx, c])
 
     sums = te.compute((batch, blocks, *out_shape[1:]), block_sum, name=BLOCK_SUMS)
     b = te.reduce_axis((0, blocks), name="rb")

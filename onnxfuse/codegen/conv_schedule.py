@@ -4,7 +4,7 @@ A stride-1 conv2d block (after its padding block) is
 
     out[n, k, y, x] += pad[n, c, y + dy, x + dx] * w[k, c, dy, dx]
 
-or, lowered in onnxruntime's channel blocks (conv_blocks), block sums over (c, dy, dx) and their
+or, lowered in onnxruntime's channel blocks (conv_blocks), block sums over (dy, dx, c) and their
 sum over the blocks. Scheduled as a plain reduction, the accumulators stayed in memory: a ResNet
 basic block's Conv kernel took 193 us where onnxruntime's Conv took 13.5 us at batch 1. Here one
 register tile holds `channels` output channels x one vector of output columns (x), and every
@@ -47,15 +47,15 @@ def _sum_of_vars(expr, first, second) -> bool:
 
 
 def direct_conv_axes(block):
-    """(n, k, y, x, c, dy, dx) iteration variables of a stride-1, dilation-1 float32 conv2d block
-    that reads a (padded) NCHW image and OIHW weights, else None."""
+    """(n, k, y, x, dy, dx, c) iteration variables of a stride-1, dilation-1 float32 conv2d block
+    (conv_blocks' single-block stage) that reads a (padded) NCHW image and OIHW weights, else None."""
     ivs = block.iter_vars
     kinds = [int(iv.iter_type) for iv in ivs]
     if len(ivs) != 7 or kinds != [0, 0, 0, 0, 2, 2, 2] or len(block.reads) != 2 or len(block.writes) != 1:
         return None
     if str(block.writes[0].source.dtype) != "float32":
         return None
-    n, k, y, x, c, dy, dx = (iv.var for iv in ivs)
+    n, k, y, x, dy, dx, c = (iv.var for iv in ivs)
     image, weights = ([r.min for r in region.region] for region in block.reads)
     if not _are_vars([r.min for r in block.writes[0].region], [n, k, y, x]) or not _are_vars(weights, [k, c, dy, dx]):
         return None
@@ -63,7 +63,7 @@ def direct_conv_axes(block):
         return None
     if not (_sum_of_vars(image[2], y, dy) and _sum_of_vars(image[3], x, dx)):
         return None
-    return n, k, y, x, c, dy, dx
+    return n, k, y, x, dy, dx, c
 
 
 def is_conv_window(sch, block_rv) -> bool:
@@ -116,8 +116,8 @@ class ConvTile:
 
 
 def schedule_direct_conv(sch, block_rv, loops, registers: RegisterFile, attempt) -> ConvTile | None:
-    """Register-tiles a direct_conv_axes block over its own `loops` (n, k, y, x, c, dy, dx, in
-    that order). `attempt(what, step)` runs one schedule step and says whether TVM took it.
+    """Register-tiles a direct_conv_axes block over its own `loops` (n, k, y, x, dy, dx, c, in
+    that order), or the final sum of a blocked one (n, k, y, x, b). `attempt(what, step)` runs one schedule step and says whether TVM took it.
     Returns None with the schedule unchanged where the shape does not fit: a symbolic channel
     or width, or a width that is no multiple of the vector (and wider than one)."""
     block = sch.get(block_rv)
@@ -126,7 +126,7 @@ def schedule_direct_conv(sch, block_rv, loops, registers: RegisterFile, attempt)
         n, k, y, x, blocks = loops
         reduction = [blocks]
     elif direct_conv_axes(block) is not None and len(loops) == 7:
-        n, k, y, x, c, dy, dx = loops
+        n, k, y, x, dy, dx, c = loops
         reduction = [dy, dx, c]
     else:
         return None
@@ -181,8 +181,8 @@ def _block_sums_in_registers(sch, sums_rv, blocks_loop, attempt) -> None:
     if not attempt(f"compute_at {name}", lambda: sch.compute_at(sums_rv, blocks_loop, preserve_unit_loops=True)):
         return
     attempt(f"registers {name}", lambda: sch.set_scope(sums_rv, 0, "local"))
-    loops = list(sch.get_loops(sums_rv))[-8:]  # n, b, k, y, x (the tile's extents), c, dy, dx
-    n, b, k, y, x, c, dy, dx = loops
+    loops = list(sch.get_loops(sums_rv))[-8:]  # n, b, k, y, x (the tile's extents), dy, dx, c
+    n, b, k, y, x, dy, dx, c = loops
     if not attempt(f"reorder {name}", lambda: sch.reorder(n, b, y, dy, dx, c, k, x)):
         return
     attempt(f"vectorize {name}", lambda: sch.vectorize(x))
