@@ -117,9 +117,10 @@ class ConvTile:
 
 def schedule_direct_conv(sch, block_rv, loops, registers: RegisterFile, attempt) -> ConvTile | None:
     """Register-tiles a direct_conv_axes block over its own `loops` (n, k, y, x, dy, dx, c, in
-    that order), or the final sum of a blocked one (n, k, y, x, b). `attempt(what, step)` runs one schedule step and says whether TVM took it.
-    Returns None with the schedule unchanged where the shape does not fit: a symbolic channel
-    or width, or a width that is no multiple of the vector (and wider than one)."""
+    that order), or the final sum of a blocked one (n, k, y, x, b). `attempt(what, step)` runs
+    one schedule step and says whether TVM took it. Returns None with the schedule unchanged
+    where the shape does not fit: a symbolic channel or width, or a width that is no multiple
+    of the vector (and wider than one)."""
     block = sch.get(block_rv)
     sums = block_sums_of(sch, block_rv)
     if sums is not None and len(loops) == 5:
