@@ -133,3 +133,18 @@ def test_a_single_conv_activation_pair_is_left_whole():
               {"W": weights(2, 2, 3, 3), "lo": np.array(0, np.float32), "hi": np.array(6, np.float32)})
     plan = _auto_plan(m)
     assert plan.groups == [] and "fuses it into Conv#0" in _reasons(plan)["#1"]
+
+
+def test_a_real_resnet_with_strided_stages_leaves_every_conv_to_onnxruntime():
+    """PyTorch's CIFAR-style ResNet export: its stem and first stage are convolutions ours win
+    alone, the strided stages are not; mixing them cost layout conversions (0.85-0.94x at batch
+    64, select/auto.py), so `auto` leaves all of them, and their epilogues, to onnxruntime."""
+    for exporter in ("ts", "dynamo"):
+        graph = load_model(MODELS / "exported" / f"resnet_cifar_tiny_{exporter}.onnx")
+        convs = [n for n in graph.nodes if n.op_type == "Conv"]
+        assert len(convs) == 11  # stem, 4 in the first stage, 3 in each strided stage
+        competitive = [is_competitive_conv(graph, n) for n in convs]
+        assert competitive[:5] == [True] * 5 and not all(competitive)
+        assert competitive_convolutions(graph) == set()
+        plan = _auto_plan(MODELS / "exported" / f"resnet_cifar_tiny_{exporter}.onnx")
+        assert not any("Conv" in g.op_types for g in plan.groups)

@@ -181,6 +181,44 @@ class DenoiserTiny(nn.Module):
         return x - self.body(x)
 
 
+class ResidualBlock(nn.Module):
+    """ResNet basic block: Conv-BN-ReLU, Conv-BN, + the input (a strided 1x1 Conv-BN where the
+    shape changes), ReLU."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.a = _conv_bn(cin, cout, 3, stride, act=nn.ReLU)
+        self.b = _conv_bn(cout, cout, 3)
+        self.shortcut = nn.Identity() if cin == cout and stride == 1 else _conv_bn(cin, cout, 1, stride)
+
+    def forward(self, x):
+        return torch.relu(self.b(self.a(x)) + self.shortcut(x))
+
+
+class ResNetCifarTiny(nn.Module):
+    """A CIFAR-style ResNet: a 16-channel stride-1 stem and stage at 32 x 32, then strided 32- and
+    64-channel stages, global average pool, Linear(64, 10). Running statistics as training leaves
+    them, as in DenoiserTiny."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = _conv_bn(3, 16, 3, act=nn.ReLU)
+        self.stage1 = nn.Sequential(ResidualBlock(16, 16, 1), ResidualBlock(16, 16, 1))
+        self.stage2 = ResidualBlock(16, 32, 2)
+        self.stage3 = ResidualBlock(32, 64, 2)
+        self.fc = nn.Linear(64, 10)
+        generator = torch.Generator().manual_seed(SEED)
+        for module in self.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                n = module.num_features
+                module.running_mean.copy_(0.1 * torch.randn(n, generator=generator))
+                module.running_var.copy_(0.5 + torch.rand(n, generator=generator))
+
+    def forward(self, x):
+        x = self.stage3(self.stage2(self.stage1(self.stem(x))))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
 class BranchyCell(nn.Module):
     """Data-dependent branch: if the input's mean is positive an LSTMCell step, else a 2-layer
     MLP gating c. Both branches return new (h, c) of shape [B, 128] (torch.cond forbids a
@@ -305,6 +343,12 @@ def _specs():
                  "Conv(16->16)-BN-ReLU, Conv(16->3), subtracted from the input; every Conv 3x3, "
                  "stride 1, padding 1",
         feeds={"x": _randn(rng, 8, 3, 32, 32)}, outputs=["denoised"], batch_axes={"x": 0}))
+    specs.append(dict(
+        stem="resnet_cifar_tiny", make=ResNetCifarTiny,
+        computes="CIFAR-style ResNet on [B, 3, 32, 32]: Conv-BN-ReLU stem (3->16), two 16-channel "
+                 "basic blocks, strided basic blocks to 32 and 64 channels (1x1 strided shortcut), "
+                 "global average pool, Linear(64, 10)",
+        feeds={"x": _randn(rng, 8, 3, 32, 32)}, outputs=["logits"], batch_axes={"x": 0}))
     return specs
 
 

@@ -141,10 +141,11 @@ def competitive_convolutions(graph: Graph) -> set[int]:
     """The Conv nodes of `graph` our register-tiled convolution (codegen/conv_schedule) runs
     faster than onnxruntime, if every Conv of the graph is one (else none). All or none, since
     onnxruntime runs its own Convs in its blocked layout: a kernel beside them costs two layout
-    conversions (module doc). Measured on a PyTorch-exported CIFAR ResNet (a 16-channel stride-1
-    first stage at 32 x 32, then strided 32- and 64-channel stages): `--select measured` found
-    each of the first stage's five Conv groups faster than onnxruntime's nodes alone, and the
-    model with any of them at 0.87-0.95x of onnxruntime's at batch 64, so it dropped them all."""
+    conversions (module doc). Measured on PyTorch's CIFAR-style ResNet (models/exported
+    resnet_cifar_tiny_ts: a 16-channel stride-1 first stage at 32 x 32, then strided 32- and
+    64-channel stages): `--select measured` found each of the first stage's five Conv groups
+    faster than onnxruntime's nodes alone, and the model with any of them at 0.85-0.94x of
+    onnxruntime's at batch 64, so it dropped them all."""
     convs = [n for n in graph.nodes if n.op_type == "Conv" and n.domain in ("", "ai.onnx")]
     if not convs or not all(is_competitive_conv(graph, n) for n in convs):
         return set()
