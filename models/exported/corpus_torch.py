@@ -329,27 +329,28 @@ def _specs():
             outputs=["last_hidden_state", "pooler_output"],
             batch_axes={"input_ids": (0, 1), "attention_mask": (0, 1)},
             rtol=1e-3, atol=1e-4))
-    specs.append(dict(
-        stem="mobilenet_tiny", make=MobileNetTiny,
-        computes="MobileNet-style CNN on [B, 3, 32, 32]: Conv-BN-SiLU stem, two inverted "
-                 "residual blocks (1x1 Conv-BN-HardSwish, depthwise 3x3 Conv-BN-HardSwish, "
-                 "1x1 Conv-BN, residual Add), a depthwise stride-2 Conv-BN-SiLU, 1x1 "
-                 "Conv-BN-SiLU head, global average pool, flatten, Linear(128, 10)",
-        feeds={"x": _randn(rng, 8, 3, 32, 32)}, outputs=["logits"], batch_axes={"x": 0}))
+    specs.append(_image_model(
+        rng, "mobilenet_tiny", MobileNetTiny, "logits",
+        "MobileNet-style CNN on [B, 3, 32, 32]: Conv-BN-SiLU stem, two inverted residual blocks (1x1 "
+        "Conv-BN-HardSwish, depthwise 3x3 Conv-BN-HardSwish, 1x1 Conv-BN, residual Add), a depthwise "
+        "stride-2 Conv-BN-SiLU, 1x1 Conv-BN-SiLU head, global average pool, flatten, Linear(128, 10)"))
     # Last, so the feeds drawn for the models above stay what they were.
-    specs.append(dict(
-        stem="denoiser_tiny", make=DenoiserTiny,
-        computes="DnCNN-style denoiser on [B, 3, 32, 32]: Conv(3->16)-ReLU, three "
-                 "Conv(16->16)-BN-ReLU, Conv(16->3), subtracted from the input; every Conv 3x3, "
-                 "stride 1, padding 1",
-        feeds={"x": _randn(rng, 8, 3, 32, 32)}, outputs=["denoised"], batch_axes={"x": 0}))
-    specs.append(dict(
-        stem="resnet_cifar_tiny", make=ResNetCifarTiny,
-        computes="CIFAR-style ResNet on [B, 3, 32, 32]: Conv-BN-ReLU stem (3->16), two 16-channel "
-                 "basic blocks, strided basic blocks to 32 and 64 channels (1x1 strided shortcut), "
-                 "global average pool, Linear(64, 10)",
-        feeds={"x": _randn(rng, 8, 3, 32, 32)}, outputs=["logits"], batch_axes={"x": 0}))
+    specs.append(_image_model(
+        rng, "denoiser_tiny", DenoiserTiny, "denoised",
+        "DnCNN-style denoiser on [B, 3, 32, 32]: Conv(3->16)-ReLU, three Conv(16->16)-BN-ReLU, "
+        "Conv(16->3), subtracted from the input; every Conv 3x3, stride 1, padding 1"))
+    specs.append(_image_model(
+        rng, "resnet_cifar_tiny", ResNetCifarTiny, "logits",
+        "CIFAR-style ResNet on [B, 3, 32, 32]: Conv-BN-ReLU stem (3->16), two 16-channel basic "
+        "blocks, strided basic blocks to 32 and 64 channels (1x1 strided shortcut), global average "
+        "pool, Linear(64, 10)"))
     return specs
+
+
+def _image_model(rng, stem, make, output, computes):
+    """A CNN's spec: one batch of eight [3, 32, 32] images as its recorded input, the batch symbolic."""
+    return dict(stem=stem, make=make, computes=computes, feeds={"x": _randn(rng, 8, 3, 32, 32)},
+                outputs=[output], batch_axes={"x": 0})
 
 
 
