@@ -22,6 +22,7 @@ from __future__ import annotations
 import tvm
 from tvm import te, topi
 
+from . import tir_walk
 from .rounded_products import rounded
 
 ONNXRUNTIME_CHANNEL_BLOCK = 16
@@ -42,10 +43,6 @@ def _out_dtype(attrs) -> str | None:
     return None if dtype in ("", "void", "None") else dtype
 
 
-def _static(expr) -> int | None:
-    return int(expr) if isinstance(expr, (int, tvm.tirx.IntImm)) else None
-
-
 def is_blocked_conv(data: te.Tensor, weights: te.Tensor, attrs) -> bool:
     """Whether the conv2d is one this lowering takes: float32 NCHW/OIHW, one group, stride and
     dilation 1, static channels."""
@@ -55,7 +52,7 @@ def is_blocked_conv(data: te.Tensor, weights: te.Tensor, attrs) -> bool:
         return False
     if _out_dtype(attrs) not in (None, "float32") or data.dtype != "float32" or weights.dtype != "float32":
         return False
-    channels = _static(weights.shape[1]) if len(weights.shape) == 4 else None
+    channels = tir_walk.static_int(weights.shape[1]) if len(weights.shape) == 4 else None
     return channels is not None and len(data.shape) == 4
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import tvm
 
+from . import tir_walk
 from .conv_blocks import BLOCK_SUMS, BLOCKS_SUM
 from .register_file import RegisterFile
 
@@ -97,10 +98,6 @@ def block_sums_of(sch, block_rv):
     return producers[0] if len(producers) == 1 else None
 
 
-def _static(expr) -> int | None:
-    return int(expr.value) if isinstance(expr, tvm.tirx.IntImm) else None
-
-
 def output_channels_per_tile(channels: int, registers: RegisterFile) -> int:
     """The most output channels (a divisor of `channels`) whose accumulators fit the registers."""
     budget = max(1, registers.count - CONV_ACCUMULATOR_REGISTERS)
@@ -131,7 +128,7 @@ def schedule_direct_conv(sch, block_rv, loops, registers: RegisterFile, attempt)
         reduction = [dy, dx, c]
     else:
         return None
-    channels, width = _static(sch.get(k).extent), _static(sch.get(x).extent)
+    channels, width = tir_walk.static_int(sch.get(k).extent), tir_walk.static_int(sch.get(x).extent)
     lanes = registers.lanes(32)
     if channels is None or width is None or (width > lanes and width % lanes):
         return None

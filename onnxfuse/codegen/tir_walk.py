@@ -138,3 +138,10 @@ def uses_var(expr, var) -> bool:
             return True
         stack.extend(_children(node))
     return False
+
+
+def static_int(expr) -> int | None:
+    """The value of an integer constant (a Python int or an IntImm: a static extent or dim), else None."""
+    if isinstance(expr, int):
+        return expr
+    return int(expr.value) if isinstance(expr, tvm.tirx.IntImm) else None

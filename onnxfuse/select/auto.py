@@ -75,7 +75,7 @@ def _why(op_types) -> str:
 def auto_rejects(group: FusedGroup, graph: Graph | None = None) -> str | None:
     """Why `auto` leaves this group to onnxruntime, or None to compile it. `graph`: the scope
     the group is in, whose competitive_convolutions count as competitive."""
-    ours = competitive_convolutions(graph) if graph is not None else set()
+    ours = competitive_convolutions(graph) if graph is not None and "Conv" in group.op_types else set()
     slow = uncompetitive_ops(op for index, op in zip(group.node_indices, group.op_types) if index not in ours)
     if slow:
         return _why(slow)
