@@ -2,9 +2,10 @@
 the original op, per attribute: directions, initial states, sequence_lens, both layouts, clip,
 activations, GRU linear_before_reset, LSTM peepholes and input_forget.
 
-Tolerance: rtol 1e-4, atol 1e-5 (the fast exp / tanh / sigmoid are a few ulps off libm's, and
-the differences compound over time steps; docs/recurrent.md). Sizes are small and the hidden size
-is not a multiple of the vector width, so the padded column block is exercised too.
+The LSTM computes what onnxruntime's op computes, so on x86-64 its outputs are onnxruntime's bit
+for bit (docs/recurrent.md); the GRU and the RNN have activations of their own: rtol 1e-4,
+atol 1e-5 (a few ulps, compounding over time steps). Sizes are small and the hidden size is not a
+multiple of the vector width, so the padded column block is exercised too.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ import tvm
 import tvm.s_tir
 from conftest import assert_outputs_match, run_both
 from onnx import TensorProto, helper, numpy_helper
+from test_ieee_order import assert_bitwise_equal
+from test_portable_levels import QEMU, needs_qemu
 from tvm import te
 
 import onnxfuse
 from onnxfuse.codegen import ieee_order
-from onnxfuse.codegen.recurrent import OVERLAP_CHUNK, _OverlappedProjection, build_recurrent_kernel
+from onnxfuse.codegen.recurrent import MLAS_PACKED_STRIDE_K, OVERLAP_CHUNK, _OverlappedProjection, build_recurrent_kernel
 from onnxfuse.codegen.recurrent_op import pack_weights, rational_tanh, read_recurrent_op
 from onnxfuse.errors import CompileError
 from onnxfuse.frontend.loader import load_model
@@ -41,19 +44,20 @@ SIZES = [(1, 1), (5, 3), (9, 6), (2, 8)]
 
 
 def recurrent_model(op: str, *, direction="forward", layout=0, states=False, seq_lens=False, peepholes=False,
-                    outputs=None, steps=None, **attributes) -> onnx.ModelProto:
+                    outputs=None, steps=None, sizes=(INPUT, HIDDEN), scale=0.4, **attributes) -> onnx.ModelProto:
     """One recurrent node with symbolic batch and sequence (static if `steps` is given); states and
-    sequence_lens are inputs."""
+    sequence_lens are inputs. `sizes`: input and hidden size; `scale`: the weights' spread."""
+    input_size, hidden = sizes
     rng = np.random.default_rng(7)
     d, g = (2 if direction == "bidirectional" else 1), GATES[op]
-    weights = {"W": rng.standard_normal((d, g * HIDDEN, INPUT)) * 0.4, "R": rng.standard_normal((d, g * HIDDEN, HIDDEN)) * 0.4,
-               "B": rng.standard_normal((d, 2 * g * HIDDEN)) * 0.3}
+    weights = {"W": rng.standard_normal((d, g * hidden, input_size)) * scale,
+               "R": rng.standard_normal((d, g * hidden, hidden)) * scale, "B": rng.standard_normal((d, 2 * g * hidden)) * 0.3}
     if peepholes:
-        weights["P"] = rng.standard_normal((d, 3 * HIDDEN)) * 0.3
+        weights["P"] = rng.standard_normal((d, 3 * hidden)) * 0.3
     seq = steps if steps is not None else "seq"
     seq_batch = [seq, "batch"] if layout == 0 else ["batch", seq]
-    state_shape = [d, "batch", HIDDEN] if layout == 0 else ["batch", d, HIDDEN]
-    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [*seq_batch, INPUT])]
+    state_shape = [d, "batch", hidden] if layout == 0 else ["batch", d, hidden]
+    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [*seq_batch, input_size])]
     names = ["X", "W", "R", "B", "", "", ""]
     if seq_lens:
         inputs.append(helper.make_tensor_value_info("lens", TensorProto.INT32, ["batch"]))
@@ -70,14 +74,14 @@ def recurrent_model(op: str, *, direction="forward", layout=0, states=False, seq
     while names and not names[-1]:
         names.pop()
     outputs = outputs or (["Y", "Y_h", "Y_c"] if op == "LSTM" else ["Y", "Y_h"])
-    y_shape = [seq, d, "batch", HIDDEN] if layout == 0 else ["batch", seq, d, HIDDEN]
+    y_shape = [seq, d, "batch", hidden] if layout == 0 else ["batch", seq, d, hidden]
     infos = [helper.make_tensor_value_info(o, TensorProto.FLOAT, y_shape if o == "Y" else state_shape) for o in outputs]
     node_outputs = [o if o in outputs else "" for o in (["Y", "Y_h", "Y_c"] if op == "LSTM" else ["Y", "Y_h"])]
     while not node_outputs[-1]:
         node_outputs.pop()
     if layout:
         attributes["layout"] = layout
-    node = helper.make_node(op, names, node_outputs, hidden_size=HIDDEN, direction=direction, **attributes)
+    node = helper.make_node(op, names, node_outputs, hidden_size=hidden, direction=direction, **attributes)
     graph = helper.make_graph([node], "recurrent", inputs, infos,
                               [numpy_helper.from_array(w.astype(np.float32), k) for k, w in weights.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=8)
@@ -103,6 +107,17 @@ def seq_first_reference(model: onnx.ModelProto) -> onnx.ModelProto:
             transposes.append(helper.make_node("Transpose", [node.output[k]], [name], perm=perm))
     graph.node.extend(transposes)
     return reference
+
+
+def assert_as_onnxruntime(op: str, expected: list, actual: list) -> None:
+    """The LSTM bit for bit on x86-64 (on aarch64 onnxruntime's C++ for the cell update may be
+    built with fused multiply-adds); the GRU and the RNN within tolerance."""
+    if op == "LSTM" and platform.machine() == "x86_64":
+        assert len(expected) == len(actual)
+        for e, a in zip(expected, actual):
+            assert_bitwise_equal(np.asarray(a), np.asarray(e))
+    else:
+        assert_outputs_match(expected, actual, rtol=1e-4, atol=1e-5)
 
 
 def feeds_for(model: onnx.ModelProto, steps: int, batch: int, seed: int) -> dict:
@@ -150,7 +165,47 @@ def test_sequence_kernel_matches_onnxruntime(case, tmp_path, cache):
         onnx.save(seq_first_reference(model), reference)
     for seed, (steps, batch) in enumerate(SIZES):
         expected, actual = run_both(reference, result.model_path, feeds_for(model, steps, batch, seed))
-        assert_outputs_match(expected, actual, rtol=1e-4, atol=1e-5)
+        assert_as_onnxruntime(CASES[case]["op"], expected, actual)
+
+
+# MLAS sums a product by prepacked weights MLAS_PACKED_STRIDE_K k's at a time, adding each block
+# into the output: an LSTM with more inputs or hidden units than that sums in blocks too
+# (recurrent.k_blocks); the GRU sums in one chain.
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_sums_past_mlas_k_block_are_onnxruntimes(op, tmp_path, cache):
+    sizes = (MLAS_PACKED_STRIDE_K + 44, MLAS_PACKED_STRIDE_K + 4)  # input, hidden: both past one block
+    model = recurrent_model(op, direction="bidirectional", states=True, sizes=sizes, steps=3)
+    original = tmp_path / f"{op}.onnx"
+    onnx.save(model, original)
+    result = onnxfuse.optimize(original, tmp_path / f"{op}.fused.onnx", verify=False, cache_dir=cache)
+    assert [o.status for o in result.outcomes] == ["compiled"], result.report["groups"]
+    for seed, batch in enumerate((1, 5)):
+        expected, actual = run_both(original, result.model_path, feeds_for(model, 3, batch, seed))
+        assert_as_onnxruntime(op, expected, actual)
+
+
+@needs_qemu
+@pytest.mark.parametrize("cpu", ["Haswell", "Nehalem"])
+def test_a_portable_lstm_is_onnxruntimes_on_each_emulated_cpu(cpu, tmp_path):
+    """onnxruntime's Sigmoid clamps per CPU (sigmoid_clamp) and its GEMM and polynomials fuse
+    multiply-adds only where the CPU has FMA: each level of a portable build computes what
+    onnxruntime computes on the CPUs that run it (Haswell: the AVX2 level; Nehalem: the baseline).
+    Weights of spread 6 drive many gates into the activations' clamps. (The two Sigmoid clamps
+    differ at 4 of 4 million inputs near 17.84: test_sigmoid_levels.py covers them.)"""
+    model = recurrent_model("LSTM", direction="bidirectional", states=True, peepholes=True, steps=4, scale=6.0)
+    original = tmp_path / "lstm.onnx"
+    onnx.save(model, original)
+    result = onnxfuse.optimize(original, tmp_path / "lstm.fused.onnx", target="portable", verify=False,
+                               cache_dir=False, jobs=1)
+    assert [o.status for o in result.outcomes] == ["compiled"], result.report["groups"]
+    probe = Path(__file__).resolve().parent / "portable" / "probe.py"
+    done = subprocess.run([QEMU, "-cpu", cpu, sys.executable, str(probe), str(original), str(result.model_path),
+                           str(result.library_path), "1", "3"], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["level"] == {"Haswell": "x86-64-v3", "Nehalem": "x86-64"}[cpu], report
+    for output in report["outputs"]:
+        assert output["same_shape"] and output["max_abs"] == 0.0, output
 
 
 # At one row the LSTM projects the first chunk of steps upfront and the later ones inside the
@@ -189,7 +244,7 @@ def test_the_projection_inside_the_recurrence_matches_onnxruntime(case, sequence
     runs = [(length, batch) for length in OVERLAP_SEQUENCES[sequence] for batch in (1, 5)]  # 5: a full tile + 1 row
     for seed, (length, batch) in enumerate(runs):
         expected, actual = run_both(reference, result.model_path, feeds_for(model, length, batch, seed))
-        assert_outputs_match(expected, actual, rtol=1e-4, atol=1e-5)
+        assert_as_onnxruntime("LSTM", expected, actual)
 
 
 PORTABLE_CASES = {

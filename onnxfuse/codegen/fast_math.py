@@ -162,22 +162,35 @@ def _horner(square, coefficients, dtype):
     return value
 
 
-def _odd_rational(v, bound: float, p, q):
+def _unbound(value):
+    return value
+
+
+def _odd_rational(v, bound: float, p, q, bind=_unbound):
     """MLAS's x p(x^2) / q(x^2) on x clamped to [-bound, bound] (Sigmoid's and Tanh's common form;
-    a NaN x passes the clamp: both compares on it are false)."""
+    a NaN x passes the clamp: both compares on it are false). `bind` names the clamped x and its
+    square where a caller must keep expression trees small (the recurrent kernel)."""
     dtype = v.ty.dtype
     low, high = tvm.tirx.const(-bound, dtype), tvm.tirx.const(bound, dtype)
-    clamped = tvm.tirx.Select(v < low, low, tvm.tirx.Select(v > high, high, v))
-    square = clamped * clamped
+    clamped = bind(tvm.tirx.Select(v < low, low, tvm.tirx.Select(v > high, high, v)))
+    square = bind(clamped * clamped)
     return _horner(square, p, dtype) * clamped / _horner(square, q, dtype)
+
+
+def logistic_ratio(v, bind=_unbound):
+    """onnxruntime's float32 Sigmoid of one PrimExpr before its clamp (sigmoid_clamp.py)."""
+    return _odd_rational(v, SIGMOID_CLAMP, SIGMOID_P, SIGMOID_Q, bind) + tvm.tirx.const(0.5, v.ty.dtype)
+
+
+def tanh_value(v, bind=_unbound):
+    """onnxruntime's float32 Tanh of one PrimExpr (below)."""
+    return _odd_rational(v, TANH_CLAMP, TANH_P, TANH_Q, bind)
 
 
 def _fast_sigmoid(x: te.Tensor) -> te.Tensor:
     """onnxruntime's rational sigmoid (above), then its clamp as a block of its own
     (sigmoid_clamp.py); NaN stays NaN (every compare on it is false)."""
-    half = tvm.tirx.const(0.5, x.dtype)
-    rational = te.compute(x.shape, lambda *i: _odd_rational(x(*i), SIGMOID_CLAMP, SIGMOID_P, SIGMOID_Q) + half,
-                          name="fast_sigmoid")
+    rational = te.compute(x.shape, lambda *i: logistic_ratio(x(*i)), name="fast_sigmoid")
     return te.compute(x.shape, lambda *i: clamp_to_unit(rational(*i)), name=CLAMP_BLOCK)
 
 
@@ -195,7 +208,7 @@ TANH_Q = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89
 
 def _fast_tanh(x: te.Tensor) -> te.Tensor:
     """onnxruntime's rational tanh (above); NaN stays NaN."""
-    return te.compute(x.shape, lambda *i: _odd_rational(x(*i), TANH_CLAMP, TANH_P, TANH_Q), name="fast_tanh")
+    return te.compute(x.shape, lambda *i: tanh_value(x(*i)), name="fast_tanh")
 
 
 # onnxruntime's float32 Erf (MLAS's erf kernel, every x86 level and its generic one) is

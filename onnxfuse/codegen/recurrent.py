@@ -43,15 +43,20 @@ from tvm.script.ir_builder import tirx as T
 from ..errors import CompileError
 from ..kernel_spec import KernelSpec, TensorSpec, level_kernel_name
 from ..target import Target
-from . import param_alignment, register_file
+from . import param_alignment, register_file, sigmoid_clamp
 from .compile import CompiledGroup, _stage, build_object
 from .recurrent_op import PackedWeights, RecurrentOp, pack_weights, read_recurrent_op
+from .rounded_products import rounded
 
 TILE_ROWS = 4  # batch rows of the register tile: LSTM 4 rows x 4 gates = 16 accumulators
 PROJECTION_ROWS = 4  # (step, row) pairs per projection micro-kernel
 SEQ, BATCH = "seq", "batch"
 
 F32, I64 = "float32", "int64"
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+# MLAS sums a product by prepacked weights in blocks of this many k's (onnxruntime 1.32; measured:
+# an LSTM with 200 inputs and hidden units is bit for bit in one chain, with 300 it is not).
+MLAS_PACKED_STRIDE_K = 256
 
 
 class _RegisterTile:
@@ -133,6 +138,8 @@ class _OverlappedProjection:
             return None
         if op.op_type != "LSTM":  # the GRUs already beat onnxruntime at batch 1 (docs/recurrent.md)
             return None
+        if max(op.input_size, op.hidden) > MLAS_PACKED_STRIDE_K:  # sums in one chain: not onnxruntime's
+            return None
         vectors = packed.blocks * op.gates
         if vectors % group or packed.tile_vectors % group:
             return None
@@ -181,10 +188,14 @@ class _KernelWriter:
     overlap = True  # project later steps inside the recurrence where _OverlappedProjection allows
     gemv_runs = None  # the condition under which a step's GEMV runs (None: always)
 
-    def __init__(self, op: RecurrentOp, packed: PackedWeights, steps, batch):
+    def __init__(self, op: RecurrentOp, packed: PackedWeights, steps, batch, fma_sigmoid: bool = True):
         self.op, self.packed = op, packed
         self.steps, self.batch = steps, batch
         self.lanes, self.blocks, self.gates = packed.lanes, packed.blocks, op.gates
+        self.fma_sigmoid = fma_sigmoid  # the level's CPUs run onnxruntime's FMA Sigmoid kernel
+        # The LSTM sums as onnxruntime's op does (lstm_pre_activation, k_blocks); the GRU and the
+        # RNN start the projection from the bias and sum each product in one chain.
+        self.onnxruntime_order = op.op_type == "LSTM"
 
     # -- indexing by layout -------------------------------------------------------------------
     def x_at(self, b: _Buffers, t, row, k):
@@ -303,25 +314,36 @@ class _KernelWriter:
         self.projection_tile(b, d, cb, count, lambda q, k: self.x_at(b, (q0 + q) // rows, row0 + (q0 + q) % rows, k),
                              lambda q: q0 + q)
 
+    def k_blocks(self, size: int) -> list[tuple[int, int]]:
+        """The k ranges a sum over `size` products runs in: onnxruntime's LSTM multiplies by
+        prepacked weights, which MLAS sums in blocks of MLAS_PACKED_STRIDE_K k's, each block
+        from 0 and then added to the output; one range where the kernel does not follow it."""
+        stride = MLAS_PACKED_STRIDE_K if self.onnxruntime_order else size
+        return [(k, min(size, k + stride)) for k in range(0, size, stride)]
+
     def projection_tile(self, b, d, cb, count: int, x_of, xp_row_of):
         """Column tile cb of `count` projected rows: xp[xp_row_of(q)] = b_in + sum over k of
-        x_of(q, k) * w_in, the accumulators in registers (acc_in)."""
+        x_of(q, k) * w_in (LSTM: no b_in, and block by block: k_blocks), the accumulators in
+        registers (acc_in)."""
         v_lanes, per_tile = self.lanes, self.packed.tile_vectors
         acc = b.acc_in
-        for q in range(count):
-            with T.unroll(_i64(0), _i64(per_tile)) as c:
-                with T.vectorized(_i64(0), _i64(v_lanes)) as v:
-                    acc.store(b.b_in[d, cb * per_tile + c, v], q, c, v)
-        with T.serial(_i64(0), _i64(self.op.input_size)) as k:
+        for n, (k_low, k_high) in enumerate(self.k_blocks(self.op.input_size)):
             for q in range(count):
-                xk = x_of(q, k)
                 with T.unroll(_i64(0), _i64(per_tile)) as c:
                     with T.vectorized(_i64(0), _i64(v_lanes)) as v:
-                        acc.store(acc[q, c, v] + xk * b.w_in[d, cb, k, c, v], q, c, v)
-        for q in range(count):
-            with T.unroll(_i64(0), _i64(per_tile)) as c:
-                with T.vectorized(_i64(0), _i64(v_lanes)) as v:
-                    T.buffer_store(b.xp, acc[q, c, v], [xp_row_of(q), cb * per_tile + c, v])
+                        first = b.b_in[d, cb * per_tile + c, v] if n == 0 and not self.onnxruntime_order else _f32(0.0)
+                        acc.store(first, q, c, v)
+            with T.serial(_i64(k_low), _i64(k_high)) as k:
+                for q in range(count):
+                    xk = x_of(q, k)
+                    with T.unroll(_i64(0), _i64(per_tile)) as c:
+                        with T.vectorized(_i64(0), _i64(v_lanes)) as v:
+                            acc.store(acc[q, c, v] + xk * b.w_in[d, cb, k, c, v], q, c, v)
+            for q in range(count):
+                with T.unroll(_i64(0), _i64(per_tile)) as c:
+                    with T.vectorized(_i64(0), _i64(v_lanes)) as v:
+                        index = [xp_row_of(q), cb * per_tile + c, v]
+                        T.buffer_store(b.xp, acc[q, c, v] if n == 0 else b.xp[index] + acc[q, c, v], index)
 
     def projection_of_steps(self, b, d, row0, count: int):
         """At one row: xp[t] for the times of steps 0 .. count-1 only (the rest is projected
@@ -347,10 +369,13 @@ class _KernelWriter:
         keep one block: two blocks measured 0.93x (the step is bound by reading R from L2)."""
         return next(s for s in (4, 2, 1) if s == 1 or (self.blocks % s == 0 and s * rows <= TILE_ROWS and s * rows * gates <= 4))
 
-    def recurrent_sum(self, b, d, rows, lhs, lhs_index, jbs, gates, first_gate=0, start=None, project=None):
+    def recurrent_sum(self, b, d, rows, lhs, lhs_index, jbs, gates, first_gate=0, start=None, project=None,
+                      fold=None):
         """acc[s * rows + r, g] = lhs[r] @ R[gate first_gate + g]^T over the columns of block
         jbs[s]. With `project` (overlap plan, step, sweep, row0) and a next chunk of steps to
-        project, the k loop also computes this block's share of that chunk's projection."""
+        project, the k loop also computes this block's share of that chunk's projection. With
+        `fold`, the sum runs in k_blocks, fold(s, r) adding each but the last block's sums where
+        they go (and zeroing the tile)."""
         if b.w_rec_h is not None and first_gate == 2:
             weight = (lambda jb, k, g, v: b.w_rec_h[d, jb, k, g, v])
         else:
@@ -372,8 +397,13 @@ class _KernelWriter:
 
         def plain():
             with self.if_gemv_runs():
-                with T.serial(_i64(0), _i64(self.op.hidden)) as k:
-                    gemv_at(k)
+                k_blocks = self.k_blocks(self.op.hidden) if fold is not None else [(0, self.op.hidden)]
+                for n, (k_low, k_high) in enumerate(k_blocks):
+                    with T.serial(_i64(k_low), _i64(k_high)) as k:
+                        gemv_at(k)
+                    if n + 1 < len(k_blocks):
+                        for s, r in ((s, r) for s in range(len(jbs)) for r in range(rows)):
+                            fold(s * rows + r, r, jbs[s], gates)
 
         if project is None:
             plain()
@@ -409,7 +439,8 @@ class _KernelWriter:
             with T.unroll(_i64(0), _i64(plan.group)) as gv:
                 with T.vectorized(_i64(0), _i64(lanes)) as v:
                     c = group * plan.group + gv
-                    acc.store(tvm.tirx.Select(k0 == 0, b.b_in[d, c, v], b.xp[times[p], c, v]), p, gv, v)
+                    first = b.b_in[d, c, v] if not self.onnxruntime_order else _f32(0.0)
+                    acc.store(tvm.tirx.Select(k0 == 0, first, b.xp[times[p], c, v]), p, gv, v)
         inner = T.unroll if plan.spacing <= 8 else T.serial
         with T.serial(_i64(0), _i64(plan.items)) as i:
             with self.if_gemv_runs():
@@ -480,7 +511,10 @@ class _KernelWriter:
             else:
                 start = (lambda g, v, jb: tvm.tirx.Select(g == 2, b.b_rec[d, jb, v], _f32(0.0))) if b.b_rec is not None else None
                 project = (overlap, step_index, sweep, row0) if overlap is not None else None
-                self.recurrent_sum(b, d, rows, b.h, h_prev, jbs, gates, start=start, project=project)
+                fold = None
+                if self.onnxruntime_order:
+                    fold = (lambda a, r, jb, gates: self.fold_block_sums(b, a, t * rows + r, jb, gates))
+                self.recurrent_sum(b, d, rows, b.h, h_prev, jbs, gates, start=start, project=project, fold=fold)
             for s, jb, r in ((s, jb, r) for s, jb in enumerate(jbs) for r in range(rows)):
                 a = s * rows + r  # the register tile's row
                 with T.vectorized(_i64(0), _i64(lanes)) as v:
@@ -488,20 +522,17 @@ class _KernelWriter:
                     bind = b.slots.binder(v)
                     hp = bind(b.h[cur, r, j])
                     if op.op_type == "LSTM":
-                        f_act, g_act, h_act = acts
+                        f_act, g_act, h_act = (act.as_onnxruntime_lstm(self.fma_sigmoid) for act in acts)
                         c_prev = bind(b.c[r, j])
 
-                        def peeped(which, cell, jb=jb, v=v):
-                            """A gate's peephole term (0 without peepholes)."""
-                            return b.peep[d, which, jb, v] * cell if b.peep is not None else _f32(0.0)
+                        def gate(g, act, cell=None, r=r, jb=jb, v=v, a=a, bind=bind):
+                            total = self.lstm_pre_activation(b, d, t * rows + r, jb, g, v, b.acc[a, g, v], cell, bind)
+                            return bind(act(total, bind))
 
-                        i_gate = bind(f_act(pre(r, 0, jb, v, b.acc[a, 0, v] + peeped(0, c_prev), bind), bind))
-                        if op.input_forget:
-                            f_gate = _f32(1.0) - i_gate
-                        else:
-                            f_gate = bind(f_act(pre(r, 2, jb, v, b.acc[a, 2, v] + peeped(2, c_prev), bind), bind))
-                        c_new = bind(f_gate * c_prev + i_gate * g_act(pre(r, 3, jb, v, b.acc[a, 3, v], bind), bind))
-                        o_gate = bind(f_act(pre(r, 1, jb, v, b.acc[a, 1, v] + peeped(1, c_new), bind), bind))
+                        i_gate = gate(0, f_act, c_prev)
+                        f_gate = _f32(1.0) - i_gate if op.input_forget else gate(2, f_act, c_prev)
+                        c_new = bind(rounded(f_gate * c_prev) + rounded(i_gate * gate(3, g_act)))
+                        o_gate = gate(1, f_act, c_new)
                         h_new = o_gate * h_act(c_new, bind)
                         T.buffer_store(b.c, keep_or(r, c_new, c_prev), [r, j])
                     elif op.op_type == "GRU":
@@ -521,6 +552,32 @@ class _KernelWriter:
             with T.serial(_i64(0), _i64(rows)) as r:
                 with T.serial(_i64(0), _i64(op.hidden)) as j:
                     T.buffer_store(b.y, keep_or(r, b.h[nxt, r, j], _f32(0.0)), self.y_index(d, t, row0 + r, j))
+
+    def fold_block_sums(self, b, a, xp_row, jb, gates):
+        """MLAS adds each block's sums into the output (here the step's projected input), then
+        starts the next block from 0."""
+        with T.unroll(_i64(0), _i64(gates)) as g:
+            with T.vectorized(_i64(0), _i64(self.lanes)) as v:
+                index = [xp_row, jb * gates + g, v]
+                T.buffer_store(b.xp, b.xp[index] + b.acc[a, g, v], index)
+                b.acc.store(_f32(0.0), a, g, v)
+
+    def lstm_pre_activation(self, b, d, xp_row, jb, g, v, product, cell, bind):
+        """An LSTM gate's input to its activation in onnxruntime's order: x W and h R each summed
+        from 0 (MLAS adds the second GEMM into the first's output), plus the peephole product
+        (with `cell`), plus the bias, then its clip, which runs with or without a clip
+        attribute (FLT_MAX then: it moves only NaN, to FLT_MAX, and the infinities)."""
+        total = b.xp[xp_row, jb * self.gates + g, v] + product
+        if cell is not None and b.peep is not None:
+            total = total + rounded(b.peep[d, g, jb, v] * cell)
+        bound = _f32(self.op.clip if self.op.clip is not None else FLOAT32_MAX)
+        if not self.op.has_bias:  # clip_ignore_bias: a NaN stays NaN
+            total = bind(total)
+            return bind(tvm.tirx.Select(bound < total, bound, tvm.tirx.Select(total < -bound, -bound, total)))
+        # clip_add_bias: std::min(bound, x), then std::max(-bound, x)
+        total = bind(total + b.b_in[d, jb * self.gates + g, v])
+        low = bind(tvm.tirx.Select(total < bound, total, bound))
+        return bind(tvm.tirx.Select(-bound < low, low, -bound))
 
     def gru_reset_first_phase(self, b, d, rows, t, cur, pre, acts):
         """GRU without linear_before_reset: r multiplies h *before* the h gate's GEMM, so z and r
@@ -563,7 +620,7 @@ def _spec_dim(dim, symbol: str):
     return dim if dim is not None else symbol
 
 
-def build_recurrent_kernel(op: RecurrentOp, name: str, lanes: int) -> RecurrentKernel:
+def build_recurrent_kernel(op: RecurrentOp, name: str, lanes: int, fma_sigmoid: bool = True) -> RecurrentKernel:
     packed = pack_weights(op, lanes)
     seq_dim, batch_dim = (op.x_dims[0], op.x_dims[1]) if op.layout == 0 else (op.x_dims[1], op.x_dims[0])
     steps = seq_dim if seq_dim is not None else tvm.tirx.Var(SEQ, I64)
@@ -607,7 +664,7 @@ def build_recurrent_kernel(op: RecurrentOp, name: str, lanes: int) -> RecurrentK
         outputs.append(TensorSpec(F32, spec_shape))
     if "initial_c" in op.inputs and op.op_type != "LSTM":
         raise CompileError("recurrent: initial_c on a non-LSTM op")
-    func = _KernelWriter(op, packed, tir_steps, tir_batch).write(name, params)
+    func = _KernelWriter(op, packed, tir_steps, tir_batch, fma_sigmoid).write(name, params)
     stats = {"recurrent": op.op_type, "directions": len(op.directions), "column_blocks": packed.blocks,
              "lanes": lanes, "tile_rows": TILE_ROWS}
     return RecurrentKernel(func, params, sources, extra, specs, outputs, stats)
@@ -629,16 +686,25 @@ def compile_recurrent(model: onnx.ModelProto, name: str, target: Target, out_dir
     op = _stage("import", stats, lambda: read_recurrent_op(model))
     registers = register_file.for_target(target.tvm_target())
     lanes = registers.lanes(32)
-    kernel = _stage("schedule", stats, lambda: build_recurrent_kernel(op, name, lanes))
-    # onnxruntime's tensors are only element aligned: TVM's default 64-byte declaration would let
-    # LLVM emit aligned vector loads that fault on them.
-    func = param_alignment.element_aligned(kernel.func.with_attr("global_symbol", name))
+    kernels = {}  # per Sigmoid kernel onnxruntime runs on the level's CPUs (sigmoid_clamp)
+
+    def kernel_for(level) -> RecurrentKernel:
+        fma_sigmoid = sigmoid_clamp.runs_fma_kernel(target.tvm_target(level))
+        if fma_sigmoid not in kernels:
+            kernels[fma_sigmoid] = build_recurrent_kernel(op, name, lanes, fma_sigmoid)
+        return kernels[fma_sigmoid]
+
+    kernel = _stage("schedule", stats, lambda: kernel_for(target.levels[0]))
     # One entry point per level, named as the library's table expects (the same name in every
-    # level's object made joining them fail: every portable build fell back).
+    # level's object made joining them fail: every portable build fell back). onnxruntime's
+    # tensors are only element aligned: TVM's default 64-byte declaration would let LLVM emit
+    # aligned vector loads that fault on them.
     level_funcs = []
     for level in target.levels:
         level_name = level_kernel_name(name, level.suffix, len(target.levels))
-        level_funcs.append((level, {level_name: func.with_attr("global_symbol", level_name)}))
+        level_func = param_alignment.element_aligned(kernel_for(level).func.with_attr("global_symbol", level_name))
+        level_funcs.append((level, {level_name: level_func}))
+    func = param_alignment.element_aligned(kernel.func.with_attr("global_symbol", name))
     obj = _stage("build", stats, lambda: build_object(level_funcs, name, target, pathlib.Path(out_dir),
                                                       parallel=parallel_levels))
     stats.update(kernel.stats)

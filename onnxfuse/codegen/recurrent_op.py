@@ -18,7 +18,9 @@ import tvm
 from onnx import helper, numpy_helper
 
 from ..errors import CompileError
-from .fast_math import fast_exp_value
+from .fast_math import fast_exp_value, logistic_ratio, tanh_value
+from .rounded_products import rounded
+from .sigmoid_clamp import clamp_as_kernel
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 DEFAULT_ACTIVATIONS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"), "RNN": ("Tanh",)}
@@ -69,13 +71,21 @@ def rational_tanh(x, bind=_unbound):
     return clamped * bind(p) / bind(q)
 
 
+def _hard_sigmoid(x, alpha: float, beta: float, bind):
+    """min(1, max(0, alpha x + beta)) as onnxruntime's recurrent ops compute it: the product
+    rounded before the add, std::max and std::min (a NaN becomes 0)."""
+    linear = bind(rounded(_f32(alpha) * x) + _f32(beta))
+    low = bind(tvm.tirx.Select(_f32(0.0) < linear, linear, _f32(0.0)))
+    return tvm.tirx.Select(low < _f32(1.0), low, _f32(1.0))
+
+
 # name → (alpha and beta it takes, their ONNX defaults, the function of x, alpha, beta, bind)
 ACTIVATIONS = {
     "Sigmoid": (0, (), lambda x, a, b, bind: fast_sigmoid(x, bind)),
     "Tanh": (0, (), lambda x, a, b, bind: rational_tanh(x, bind)),
     "Relu": (0, (), lambda x, a, b, bind: tvm.tirx.Select(x > _f32(0.0), x, _f32(0.0))),
-    "HardSigmoid": (2, (0.2, 0.5), lambda x, a, b, bind: tvm.tirx.max(_f32(0.0), tvm.tirx.min(_f32(1.0), _f32(a) * x + _f32(b)))),
-    "Affine": (2, (1.0, 0.0), lambda x, a, b, bind: _f32(a) * x + _f32(b)),
+    "HardSigmoid": (2, (0.2, 0.5), lambda x, a, b, bind: _hard_sigmoid(x, a, b, bind)),
+    "Affine": (2, (1.0, 0.0), lambda x, a, b, bind: rounded(_f32(a) * x) + _f32(b)),
     "LeakyRelu": (1, (0.01,), lambda x, a, b, bind: tvm.tirx.Select(x >= _f32(0.0), x, _f32(a) * x)),
     "ScaledTanh": (2, (1.0, 1.0), lambda x, a, b, bind: _f32(a) * rational_tanh(_f32(b) * x, bind)),
     "Softsign": (0, (), lambda x, a, b, bind: x / (_f32(1.0) + tvm.tirx.abs(x))),
@@ -91,6 +101,16 @@ class Activation:
     def __call__(self, x, bind=_unbound):
         """The activation of x; `bind` names intermediate values (the kernel passes T.Bind)."""
         return ACTIVATIONS[self.name][2](x, self.alpha, self.beta, bind)
+
+    def as_onnxruntime_lstm(self, fma_sigmoid: bool):
+        """The activation as onnxruntime's LSTM computes it: Sigmoid and Tanh are MLAS's (the
+        functions of its Sigmoid and Tanh ops, which fast_math computes bit for bit; the Sigmoid's
+        clamp as the level's CPUs run it: sigmoid_clamp), the others as above."""
+        if self.name == "Sigmoid":
+            return lambda x, bind=_unbound: clamp_as_kernel(bind(logistic_ratio(x, bind)), fma_sigmoid)
+        if self.name == "Tanh":
+            return lambda x, bind=_unbound: tanh_value(x, bind)
+        return self
 
 
 def _activations(op_type: str, attrs: dict, directions: int) -> tuple[tuple[Activation, ...], ...]:
@@ -139,6 +159,10 @@ class RecurrentOp:
     @property
     def gates(self) -> int:
         return GATES[self.op_type]
+
+    @property
+    def has_bias(self) -> bool:
+        return "B" in self.weights
 
     @property
     def has_peepholes(self) -> bool:

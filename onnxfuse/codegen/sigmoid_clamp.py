@@ -34,6 +34,17 @@ def clamp_to_unit(ratio):
     return tvm.tirx.Let(r, ratio, tvm.tirx.Select(r < zero, zero, tvm.tirx.Select(one < r, one, r)))
 
 
+def clamp_as_kernel(ratio, fma_kernel: bool):
+    """`ratio` (a named value: it is read more than once) clamped as onnxruntime's kernel for the
+    CPUs at hand clamps it, for code written per level (the recurrent kernel) rather than
+    rewritten by `for_level`."""
+    dtype = ratio.ty.dtype
+    zero, one = tvm.tirx.const(0.0, dtype), tvm.tirx.const(1.0, dtype)
+    if fma_kernel:
+        return tvm.tirx.Select(ratio < zero, zero, ratio)
+    return tvm.tirx.Select(ratio < zero, zero, tvm.tirx.Select(one < ratio, one, ratio))
+
+
 def runs_fma_kernel(tvm_target) -> bool:
     """Whether onnxruntime runs its FMA Sigmoid kernel on the CPUs a level built for `tvm_target`
     serves: x86-64 with AVX2 and FMA."""
