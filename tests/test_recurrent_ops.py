@@ -2,8 +2,8 @@
 the original op, per attribute: directions, initial states, sequence_lens, both layouts, clip,
 activations, GRU linear_before_reset, LSTM peepholes and input_forget.
 
-The LSTM computes what onnxruntime's op computes, so on x86-64 its outputs are onnxruntime's bit
-for bit (docs/recurrent.md); the GRU and the RNN have activations of their own: rtol 1e-4,
+The LSTM and the GRU compute what onnxruntime's ops compute, so on x86-64 their outputs are
+onnxruntime's bit for bit (docs/recurrent.md); the RNN has activations of its own: rtol 1e-4,
 atol 1e-5 (a few ulps, compounding over time steps). Sizes are small and the hidden size is not a
 multiple of the vector width, so the padded column block is exercised too.
 """
@@ -110,9 +110,9 @@ def seq_first_reference(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def assert_as_onnxruntime(op: str, expected: list, actual: list) -> None:
-    """The LSTM bit for bit on x86-64 (on aarch64 onnxruntime's C++ for the cell update may be
-    built with fused multiply-adds); the GRU and the RNN within tolerance."""
-    if op == "LSTM" and platform.machine() == "x86_64":
+    """The LSTM and the GRU bit for bit on x86-64 (on aarch64 onnxruntime's C++ for their gates
+    may be built with fused multiply-adds); the RNN within tolerance."""
+    if op in ("LSTM", "GRU") and platform.machine() == "x86_64":
         assert len(expected) == len(actual)
         for e, a in zip(expected, actual):
             assert_bitwise_equal(np.asarray(a), np.asarray(e))
@@ -143,6 +143,11 @@ CASES = {
     "gru_bidirectional_linear_before_reset_states_lens": dict(op="GRU", direction="bidirectional", states=True,
                                                               seq_lens=True, linear_before_reset=1),
     "gru_reverse_layout1_reset_after_clip": dict(op="GRU", direction="reverse", layout=1, seq_lens=True, clip=2.0),
+    # onnxruntime's GRU has code of its own per reset / output activation (recurrent_op.gru_*_gate)
+    "gru_activations_swapped": dict(op="GRU", direction="bidirectional", linear_before_reset=1,
+                                    activations=["Tanh", "Sigmoid", "Tanh", "Sigmoid"]),
+    "gru_activations_hardsigmoid_softsign_reset_after": dict(op="GRU", activations=["HardSigmoid", "Softsign"],
+                                                             activation_alpha=[0.3], activation_beta=[0.4]),
     "lstm_bidirectional_layout1_states_only_y_h_y_c": dict(op="LSTM", direction="bidirectional", layout=1,
                                                           states=True, outputs=["Y_h", "Y_c"]),
     "rnn_bidirectional_relu_only_y_h": dict(op="RNN", direction="bidirectional", states=True,
@@ -169,12 +174,13 @@ def test_sequence_kernel_matches_onnxruntime(case, tmp_path, cache):
 
 
 # MLAS sums a product by prepacked weights MLAS_PACKED_STRIDE_K k's at a time, adding each block
-# into the output: an LSTM with more inputs or hidden units than that sums in blocks too
-# (recurrent.k_blocks); the GRU sums in one chain.
-@pytest.mark.parametrize("op", ["LSTM", "GRU"])
-def test_sums_past_mlas_k_block_are_onnxruntimes(op, tmp_path, cache):
+# into the output: an LSTM or GRU with more inputs or hidden units than that sums in blocks too
+# (recurrent.k_blocks; the GRU's linear output in a buffer of its own).
+@pytest.mark.parametrize("op, linear_before_reset", [("LSTM", 0), ("GRU", 0), ("GRU", 1)])
+def test_sums_past_mlas_k_block_are_onnxruntimes(op, linear_before_reset, tmp_path, cache):
     sizes = (MLAS_PACKED_STRIDE_K + 44, MLAS_PACKED_STRIDE_K + 4)  # input, hidden: both past one block
-    model = recurrent_model(op, direction="bidirectional", states=True, sizes=sizes, steps=3)
+    attributes = {"linear_before_reset": 1} if linear_before_reset else {}
+    model = recurrent_model(op, direction="bidirectional", states=True, sizes=sizes, steps=3, **attributes)
     original = tmp_path / f"{op}.onnx"
     onnx.save(model, original)
     result = onnxfuse.optimize(original, tmp_path / f"{op}.fused.onnx", verify=False, cache_dir=cache)
@@ -185,17 +191,19 @@ def test_sums_past_mlas_k_block_are_onnxruntimes(op, tmp_path, cache):
 
 
 @needs_qemu
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
 @pytest.mark.parametrize("cpu", ["Haswell", "Nehalem"])
-def test_a_portable_lstm_is_onnxruntimes_on_each_emulated_cpu(cpu, tmp_path):
+def test_a_portable_kernel_is_onnxruntimes_on_each_emulated_cpu(op, cpu, tmp_path):
     """onnxruntime's Sigmoid clamps per CPU (sigmoid_clamp) and its GEMM and polynomials fuse
     multiply-adds only where the CPU has FMA: each level of a portable build computes what
     onnxruntime computes on the CPUs that run it (Haswell: the AVX2 level; Nehalem: the baseline).
     Weights of spread 6 drive many gates into the activations' clamps. (The two Sigmoid clamps
     differ at 4 of 4 million inputs near 17.84: test_sigmoid_levels.py covers them.)"""
-    model = recurrent_model("LSTM", direction="bidirectional", states=True, peepholes=True, steps=4, scale=6.0)
-    original = tmp_path / "lstm.onnx"
+    attributes = {"peepholes": True} if op == "LSTM" else {"linear_before_reset": 1}
+    model = recurrent_model(op, direction="bidirectional", states=True, steps=4, scale=6.0, **attributes)
+    original = tmp_path / f"{op}.onnx"
     onnx.save(model, original)
-    result = onnxfuse.optimize(original, tmp_path / "lstm.fused.onnx", target="portable", verify=False,
+    result = onnxfuse.optimize(original, tmp_path / f"{op}.fused.onnx", target="portable", verify=False,
                                cache_dir=False, jobs=1)
     assert [o.status for o in result.outcomes] == ["compiled"], result.report["groups"]
     probe = Path(__file__).resolve().parent / "portable" / "probe.py"

@@ -45,7 +45,7 @@ from ..kernel_spec import KernelSpec, TensorSpec, level_kernel_name
 from ..target import Target
 from . import param_alignment, register_file, sigmoid_clamp
 from .compile import CompiledGroup, _stage, build_object
-from .recurrent_op import PackedWeights, RecurrentOp, pack_weights, read_recurrent_op
+from .recurrent_op import PackedWeights, RecurrentOp, gru_output_gate, gru_reset_gate, pack_weights, read_recurrent_op
 from .rounded_products import rounded
 
 TILE_ROWS = 4  # batch rows of the register tile: LSTM 4 rows x 4 gates = 16 accumulators
@@ -176,6 +176,7 @@ class _Buffers:
     c: object = None  # [TILE_ROWS, NB*V]
     rh: object = None  # GRU without linear_before_reset: r * h_prev, [TILE_ROWS, NB*V]
     z: object = None  # and z, kept from the first phase, [TILE_ROWS, NB*V]
+    lin: object = None  # GRU with linear_before_reset past one k block: h Rh^T + Rbh so far
     acc: object = None  # the recurrence's register tile, [TILE_ROWS, G, V]
     acc_in: object = None  # the projection's register tile, [PROJECTION_ROWS, 4, V]
     acc_proj: object = None  # the projection's tile inside the recurrence, [chunk, group, V]
@@ -193,9 +194,9 @@ class _KernelWriter:
         self.steps, self.batch = steps, batch
         self.lanes, self.blocks, self.gates = packed.lanes, packed.blocks, op.gates
         self.fma_sigmoid = fma_sigmoid  # the level's CPUs run onnxruntime's FMA Sigmoid kernel
-        # The LSTM sums as onnxruntime's op does (lstm_pre_activation, k_blocks); the GRU and the
-        # RNN start the projection from the bias and sum each product in one chain.
-        self.onnxruntime_order = op.op_type == "LSTM"
+        # The LSTM and the GRU sum as onnxruntime's ops do (pre_activation, k_blocks); the RNN
+        # starts the projection from the bias and sums each product in one chain.
+        self.onnxruntime_order = op.op_type in ("LSTM", "GRU")
 
     # -- indexing by layout -------------------------------------------------------------------
     def x_at(self, b: _Buffers, t, row, k):
@@ -224,6 +225,8 @@ class _KernelWriter:
                 if self.op.op_type == "GRU" and not self.op.linear_before_reset:
                     b.rh = T.alloc_buffer((TILE_ROWS, hp), F32)
                     b.z = T.alloc_buffer((TILE_ROWS, hp), F32)
+                if self.is_linear_output(2) and len(self.k_blocks(self.op.hidden)) > 1:
+                    b.lin = T.alloc_buffer((TILE_ROWS, hp), F32)
                 b.acc = _RegisterTile(TILE_ROWS, self.gates, self.lanes)
                 b.acc_in = _RegisterTile(PROJECTION_ROWS, 4, self.lanes)
                 b.acc_proj = _RegisterTile(OVERLAP_CHUNK, OVERLAP_GROUP, self.lanes)
@@ -374,8 +377,8 @@ class _KernelWriter:
         """acc[s * rows + r, g] = lhs[r] @ R[gate first_gate + g]^T over the columns of block
         jbs[s]. With `project` (overlap plan, step, sweep, row0) and a next chunk of steps to
         project, the k loop also computes this block's share of that chunk's projection. With
-        `fold`, the sum runs in k_blocks, fold(s, r) adding each but the last block's sums where
-        they go (and zeroing the tile)."""
+        `fold`, the sum runs in k_blocks, fold(tile row, batch row, column block, block number)
+        adding each but the last block's sums where they go (and zeroing the tile)."""
         if b.w_rec_h is not None and first_gate == 2:
             weight = (lambda jb, k, g, v: b.w_rec_h[d, jb, k, g, v])
         else:
@@ -403,7 +406,7 @@ class _KernelWriter:
                         gemv_at(k)
                     if n + 1 < len(k_blocks):
                         for s, r in ((s, r) for s in range(len(jbs)) for r in range(rows)):
-                            fold(s * rows + r, r, jbs[s], gates)
+                            fold(s * rows + r, r, jbs[s], n)
 
         if project is None:
             plain()
@@ -507,14 +510,15 @@ class _KernelWriter:
         with T.serial(_i64(0), _i64(self.blocks // span)) as sweep:
             jbs = self.sweep_blocks(sweep, cur, span, reverse=reset_first)
             if reset_first:
-                self.recurrent_sum(b, d, rows, b.rh, lambda r, k: [r, k], jbs, 1, first_gate=2)
+                self.recurrent_sum(b, d, rows, b.rh, lambda r, k: [r, k], jbs, 1, first_gate=2,
+                                   fold=self.folder(b, d, t, rows, 1, first_gate=2))
             else:
-                start = (lambda g, v, jb: tvm.tirx.Select(g == 2, b.b_rec[d, jb, v], _f32(0.0))) if b.b_rec is not None else None
+                start = None  # onnxruntime's order adds Rbh after the sums (linear_output)
+                if b.b_rec is not None and not self.onnxruntime_order:
+                    start = (lambda g, v, jb: tvm.tirx.Select(g == 2, b.b_rec[d, jb, v], _f32(0.0)))
                 project = (overlap, step_index, sweep, row0) if overlap is not None else None
-                fold = None
-                if self.onnxruntime_order:
-                    fold = (lambda a, r, jb, gates: self.fold_block_sums(b, a, t * rows + r, jb, gates))
-                self.recurrent_sum(b, d, rows, b.h, h_prev, jbs, gates, start=start, project=project, fold=fold)
+                self.recurrent_sum(b, d, rows, b.h, h_prev, jbs, gates, start=start, project=project,
+                                   fold=self.folder(b, d, t, rows, gates))
             for s, jb, r in ((s, jb, r) for s, jb in enumerate(jbs) for r in range(rows)):
                 a = s * rows + r  # the register tile's row
                 with T.vectorized(_i64(0), _i64(lanes)) as v:
@@ -522,11 +526,11 @@ class _KernelWriter:
                     bind = b.slots.binder(v)
                     hp = bind(b.h[cur, r, j])
                     if op.op_type == "LSTM":
-                        f_act, g_act, h_act = (act.as_onnxruntime_lstm(self.fma_sigmoid) for act in acts)
+                        f_act, g_act, h_act = (act.as_onnxruntime(self.fma_sigmoid) for act in acts)
                         c_prev = bind(b.c[r, j])
 
                         def gate(g, act, cell=None, r=r, jb=jb, v=v, a=a, bind=bind):
-                            total = self.lstm_pre_activation(b, d, t * rows + r, jb, g, v, b.acc[a, g, v], cell, bind)
+                            total = self.pre_activation(b, d, t * rows + r, jb, g, v, b.acc[a, g, v], cell, bind)
                             return bind(act(total, bind))
 
                         i_gate = gate(0, f_act, c_prev)
@@ -535,6 +539,19 @@ class _KernelWriter:
                         o_gate = gate(1, f_act, c_new)
                         h_new = o_gate * h_act(c_new, bind)
                         T.buffer_store(b.c, keep_or(r, c_new, c_prev), [r, j])
+                    elif op.op_type == "GRU" and self.onnxruntime_order:
+                        f_act, g_act = acts
+                        row = t * rows + r
+                        if op.linear_before_reset:
+                            update = f_act.as_onnxruntime(self.fma_sigmoid)
+                            z_gate = bind(update(self.pre_activation(b, d, row, jb, 0, v, b.acc[a, 0, v], None, bind), bind))
+                            pre_r = self.pre_activation(b, d, row, jb, 1, v, b.acc[a, 1, v], None, bind)
+                            reset = bind(gru_reset_gate(f_act, bind(self.linear_output(b, d, a, r, jb, v)), pre_r, bind))
+                            pre_h = self.pre_activation(b, d, row, jb, 2, v, reset, None, bind)
+                        else:
+                            z_gate = bind(b.z[r, j])
+                            pre_h = self.pre_activation(b, d, row, jb, 2, v, b.acc[a, 0, v], None, bind)
+                        h_new = gru_output_gate(g_act, pre_h, z_gate, hp, bind)
                     elif op.op_type == "GRU":
                         f_act, g_act = acts
                         if op.linear_before_reset:
@@ -553,20 +570,43 @@ class _KernelWriter:
                 with T.serial(_i64(0), _i64(op.hidden)) as j:
                     T.buffer_store(b.y, keep_or(r, b.h[nxt, r, j], _f32(0.0)), self.y_index(d, t, row0 + r, j))
 
-    def fold_block_sums(self, b, a, xp_row, jb, gates):
-        """MLAS adds each block's sums into the output (here the step's projected input), then
-        starts the next block from 0."""
-        with T.unroll(_i64(0), _i64(gates)) as g:
+    def fold_block_sums(self, b, d, a, xp_row, r, jb, gates, first_gate, n):
+        """MLAS adds each block's sums into the output, then starts the next block from 0. The
+        output is the step's projected input, or (GRU with linear_before_reset, its h gate)
+        the linear output h Rh^T + Rbh (b.lin: Rbh, then each block's sums)."""
+        for g in range(gates):
             with T.vectorized(_i64(0), _i64(self.lanes)) as v:
-                index = [xp_row, jb * gates + g, v]
-                T.buffer_store(b.xp, b.xp[index] + b.acc[a, g, v], index)
+                if self.is_linear_output(first_gate + g):
+                    index = [r, jb * self.lanes + v]
+                    prior = b.lin[index] if n > 0 else (b.b_rec[d, jb, v] if self.op.has_bias else None)
+                    T.buffer_store(b.lin, b.acc[a, g, v] if prior is None else prior + b.acc[a, g, v], index)
+                else:
+                    index = [xp_row, jb * self.gates + first_gate + g, v]
+                    T.buffer_store(b.xp, b.xp[index] + b.acc[a, g, v], index)
                 b.acc.store(_f32(0.0), a, g, v)
 
-    def lstm_pre_activation(self, b, d, xp_row, jb, g, v, product, cell, bind):
-        """An LSTM gate's input to its activation in onnxruntime's order: x W and h R each summed
-        from 0 (MLAS adds the second GEMM into the first's output), plus the peephole product
-        (with `cell`), plus the bias, then its clip, which runs with or without a clip
-        attribute (FLT_MAX then: it moves only NaN, to FLT_MAX, and the infinities)."""
+    def is_linear_output(self, gate: int) -> bool:
+        return self.op.op_type == "GRU" and self.op.linear_before_reset and gate == 2
+
+    def linear_output(self, b, d, a, r, jb, v):
+        """GRU with linear_before_reset: h Rh^T + Rbh as onnxruntime sums it (Rbh, then the
+        GEMM's blocks added into it; no Rbh without B)."""
+        if len(self.k_blocks(self.op.hidden)) > 1:
+            return b.lin[r, jb * self.lanes + v] + b.acc[a, 2, v]
+        return b.b_rec[d, jb, v] + b.acc[a, 2, v] if self.op.has_bias else b.acc[a, 2, v]
+
+    def folder(self, b, d, t, rows, gates, first_gate=0):
+        """recurrent_sum's `fold` in onnxruntime's order (None otherwise)."""
+        if not self.onnxruntime_order:
+            return None
+        return lambda a, r, jb, n: self.fold_block_sums(b, d, a, t * rows + r, r, jb, gates, first_gate, n)
+
+    def pre_activation(self, b, d, xp_row, jb, g, v, product, cell, bind):
+        """An LSTM or GRU gate's input to its activation in onnxruntime's order: x W and the
+        recurrent `product` each summed from 0 (MLAS adds the second GEMM into the first's
+        output), plus the peephole product (with `cell`), plus the bias, then its clip, which
+        runs with or without a clip attribute (FLT_MAX then: it moves only NaN, to FLT_MAX, and
+        the infinities)."""
         total = b.xp[xp_row, jb * self.gates + g, v] + product
         if cell is not None and b.peep is not None:
             total = total + rounded(b.peep[d, g, jb, v] * cell)
@@ -586,12 +626,19 @@ class _KernelWriter:
         span = self.span(rows, 2)
         with T.serial(_i64(0), _i64(self.blocks // span)) as sweep:
             jbs = self.sweep_blocks(sweep, cur, span)
-            self.recurrent_sum(b, d, rows, b.h, lambda r, k: [cur, r, k], jbs, 2)
+            self.recurrent_sum(b, d, rows, b.h, lambda r, k: [cur, r, k], jbs, 2, fold=self.folder(b, d, t, rows, 2))
             for s, jb, r in ((s, jb, r) for s, jb in enumerate(jbs) for r in range(rows)):
                 a = s * rows + r
                 with T.vectorized(_i64(0), _i64(self.lanes)) as v:
                     j = jb * self.lanes + v
                     bind = b.slots.binder(v)
+                    if self.onnxruntime_order:
+                        update = f_act.as_onnxruntime(self.fma_sigmoid)
+                        z = update(self.pre_activation(b, d, t * rows + r, jb, 0, v, b.acc[a, 0, v], None, bind), bind)
+                        pre_r = self.pre_activation(b, d, t * rows + r, jb, 1, v, b.acc[a, 1, v], None, bind)
+                        T.buffer_store(b.z, z, [r, j])
+                        T.buffer_store(b.rh, gru_reset_gate(f_act, bind(b.h[cur, r, j]), pre_r, bind), [r, j])
+                        continue
                     T.buffer_store(b.z, f_act(pre(r, 0, jb, v, b.acc[a, 0, v], bind), bind), [r, j])
                     T.buffer_store(b.rh, f_act(pre(r, 1, jb, v, b.acc[a, 1, v], bind), bind) * b.h[cur, r, j], [r, j])
 

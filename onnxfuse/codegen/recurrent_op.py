@@ -18,7 +18,7 @@ import tvm
 from onnx import helper, numpy_helper
 
 from ..errors import CompileError
-from .fast_math import fast_exp_value, logistic_ratio, tanh_value
+from .fast_math import TANH_P, TANH_Q, fast_exp_value, logistic_ratio, tanh_value
 from .rounded_products import rounded
 from .sigmoid_clamp import clamp_as_kernel
 
@@ -102,10 +102,11 @@ class Activation:
         """The activation of x; `bind` names intermediate values (the kernel passes T.Bind)."""
         return ACTIVATIONS[self.name][2](x, self.alpha, self.beta, bind)
 
-    def as_onnxruntime_lstm(self, fma_sigmoid: bool):
-        """The activation as onnxruntime's LSTM computes it: Sigmoid and Tanh are MLAS's (the
-        functions of its Sigmoid and Tanh ops, which fast_math computes bit for bit; the Sigmoid's
-        clamp as the level's CPUs run it: sigmoid_clamp), the others as above."""
+    def as_onnxruntime(self, fma_sigmoid: bool):
+        """The activation as onnxruntime's LSTM (and GRU's update gate) computes it: Sigmoid and
+        Tanh are MLAS's (the functions of its Sigmoid and Tanh ops, which fast_math computes bit
+        for bit; the Sigmoid's clamp as the level's CPUs run it: sigmoid_clamp), the others as
+        above."""
         if self.name == "Sigmoid":
             return lambda x, bind=_unbound: clamp_as_kernel(bind(logistic_ratio(x, bind)), fma_sigmoid)
         if self.name == "Tanh":
@@ -135,6 +136,61 @@ def _activations(op_type: str, attrs: dict, directions: int) -> tuple[tuple[Acti
         beta = betas.pop(0) if takes >= 2 and betas else (defaults[1] if takes >= 2 else 0.0)
         chosen.append(Activation(known, float(alpha), float(beta)))
     return tuple(tuple(chosen[d * per_direction:(d + 1) * per_direction]) for d in range(directions))
+
+
+# ------------------------------------------- onnxruntime's GRU gates (its deepcpu helpers)
+# onnxruntime's GRU computes its reset and output gates with a tanh of its own: MLAS's rational
+# function with MLAS's coefficients, written in C++ (built without FMA on x86-64, so every
+# product is rounded) and clamped to [-10, 10]; its sigmoid is 0.5 (1 + tanh(x / 2)) on x
+# clamped to [-20, 20]. Other activations are applied as written (`composed`).
+GRU_TANH_BOUND, GRU_SIGMOID_BOUND = 10.0, 20.0
+
+
+def _clamped(x, bound: float):
+    """if x < -bound: -bound; elif x > bound: bound; else x (a NaN stays NaN)."""
+    return tvm.tirx.Select(x < _f32(-bound), _f32(-bound), tvm.tirx.Select(_f32(bound) < x, _f32(bound), x))
+
+
+def _gru_tanh_ratio(x, bind):
+    """(p, q) of onnxruntime's inline tanh of an already clamped x: tanh x = p / q."""
+    square = bind(rounded(x * x))
+    p = _f32(TANH_P[0])
+    for c in TANH_P[1:]:
+        p = rounded(square * p) + _f32(c)
+    q = _f32(TANH_Q[0])
+    for c in TANH_Q[1:]:
+        q = rounded(square * q) + _f32(c)
+    return bind(rounded(x * bind(p))), bind(q)
+
+
+def _gru_sigmoid_half_ratio(pre, bind):
+    """(p, q) with sigmoid(pre) = 0.5 (1 + p / q), as onnxruntime's GRU computes it."""
+    return _gru_tanh_ratio(bind(rounded(_f32(0.5) * bind(_clamped(pre, GRU_SIGMOID_BOUND)))), bind)
+
+
+def gru_reset_gate(activation: Activation, value, pre, bind=_unbound):
+    """r (.) value, r = f(pre): onnxruntime's gru_reset_gate_* (value: h or the linear output)."""
+    if activation.name == "Sigmoid":
+        p, q = _gru_sigmoid_half_ratio(pre, bind)
+        return rounded(value * bind(rounded(_f32(0.5) * (_f32(1.0) + p / q))))
+    if activation.name == "Tanh":
+        p, q = _gru_tanh_ratio(bind(_clamped(pre, GRU_TANH_BOUND)), bind)
+        return rounded(value * bind(p / q))
+    return rounded(value * bind(activation(pre, bind)))
+
+
+def gru_output_gate(activation: Activation, pre, z, h_prev, bind=_unbound):
+    """(1 - z) (.) g(pre) + z (.) h_prev: onnxruntime's gru_output_gate_*."""
+    keep = bind(_f32(1.0) - z)
+    if activation.name == "Tanh":
+        p, q = _gru_tanh_ratio(bind(_clamped(pre, GRU_TANH_BOUND)), bind)
+        new = rounded(keep * (p / q))
+    elif activation.name == "Sigmoid":
+        p, q = _gru_sigmoid_half_ratio(pre, bind)
+        new = rounded(rounded(keep * _f32(0.5)) * (_f32(1.0) + p / q))
+    else:
+        new = rounded(keep * bind(activation(pre, bind)))
+    return new + rounded(z * h_prev)
 
 
 # ---------------------------------------------------------------- the op
