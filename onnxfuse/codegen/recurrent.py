@@ -318,16 +318,16 @@ class _KernelWriter:
                              lambda q: q0 + q)
 
     def k_blocks(self, size: int) -> list[tuple[int, int]]:
-        """The k ranges a sum over `size` products runs in: onnxruntime's LSTM multiplies by
-        prepacked weights, which MLAS sums in blocks of MLAS_PACKED_STRIDE_K k's, each block
-        from 0 and then added to the output; one range where the kernel does not follow it."""
+        """The k ranges a sum over `size` products runs in: onnxruntime's LSTM and GRU multiply
+        by prepacked weights, which MLAS sums in blocks of MLAS_PACKED_STRIDE_K k's, each block
+        from 0 and then added to the output; one range for the RNN."""
         stride = MLAS_PACKED_STRIDE_K if self.onnxruntime_order else size
         return [(k, min(size, k + stride)) for k in range(0, size, stride)]
 
     def projection_tile(self, b, d, cb, count: int, x_of, xp_row_of):
         """Column tile cb of `count` projected rows: xp[xp_row_of(q)] = b_in + sum over k of
-        x_of(q, k) * w_in (LSTM: no b_in, and block by block: k_blocks), the accumulators in
-        registers (acc_in)."""
+        x_of(q, k) * w_in (LSTM and GRU: no b_in, and block by block: k_blocks), the
+        accumulators in registers (acc_in)."""
         v_lanes, per_tile = self.lanes, self.packed.tile_vectors
         acc = b.acc_in
         for n, (k_low, k_high) in enumerate(self.k_blocks(self.op.input_size)):
@@ -372,8 +372,7 @@ class _KernelWriter:
         keep one block: two blocks measured 0.93x (the step is bound by reading R from L2)."""
         return next(s for s in (4, 2, 1) if s == 1 or (self.blocks % s == 0 and s * rows <= TILE_ROWS and s * rows * gates <= 4))
 
-    def recurrent_sum(self, b, d, rows, lhs, lhs_index, jbs, gates, first_gate=0, start=None, project=None,
-                      fold=None):
+    def recurrent_sum(self, b, d, rows, lhs, lhs_index, jbs, gates, first_gate=0, project=None, fold=None):
         """acc[s * rows + r, g] = lhs[r] @ R[gate first_gate + g]^T over the columns of block
         jbs[s]. With `project` (overlap plan, step, sweep, row0) and a next chunk of steps to
         project, the k loop also computes this block's share of that chunk's projection. With
@@ -383,11 +382,11 @@ class _KernelWriter:
             weight = (lambda jb, k, g, v: b.w_rec_h[d, jb, k, g, v])
         else:
             weight = (lambda jb, k, g, v: b.w_rec[d, jb, k, first_gate + g, v])
-        for s, jb in enumerate(jbs):
+        for s in range(len(jbs)):
             for r in range(rows):
                 with T.unroll(_i64(0), _i64(gates)) as g:
                     with T.vectorized(_i64(0), _i64(self.lanes)) as v:
-                        b.acc.store(start(g, v, jb) if start else _f32(0.0), s * rows + r, g, v)
+                        b.acc.store(_f32(0.0), s * rows + r, g, v)
 
         def gemv_at(k):
             for r in range(rows):
@@ -504,7 +503,7 @@ class _KernelWriter:
 
         h_prev = (lambda r, k: [cur, r, k])
         if op.op_type == "GRU" and not op.linear_before_reset:
-            self.gru_reset_first_phase(b, d, rows, t, cur, pre, acts)
+            self.gru_reset_first_phase(b, d, rows, t, cur, acts)
         reset_first = op.op_type == "GRU" and not op.linear_before_reset
         span = self.span(rows, 1 if reset_first else gates)
         with T.serial(_i64(0), _i64(self.blocks // span)) as sweep:
@@ -513,11 +512,8 @@ class _KernelWriter:
                 self.recurrent_sum(b, d, rows, b.rh, lambda r, k: [r, k], jbs, 1, first_gate=2,
                                    fold=self.folder(b, d, t, rows, 1, first_gate=2))
             else:
-                start = None  # onnxruntime's order adds Rbh after the sums (linear_output)
-                if b.b_rec is not None and not self.onnxruntime_order:
-                    start = (lambda g, v, jb: tvm.tirx.Select(g == 2, b.b_rec[d, jb, v], _f32(0.0)))
                 project = (overlap, step_index, sweep, row0) if overlap is not None else None
-                self.recurrent_sum(b, d, rows, b.h, h_prev, jbs, gates, start=start, project=project,
+                self.recurrent_sum(b, d, rows, b.h, h_prev, jbs, gates, project=project,
                                    fold=self.folder(b, d, t, rows, gates))
             for s, jb, r in ((s, jb, r) for s, jb in enumerate(jbs) for r in range(rows)):
                 a = s * rows + r  # the register tile's row
@@ -539,7 +535,7 @@ class _KernelWriter:
                         o_gate = gate(1, f_act, c_new)
                         h_new = o_gate * h_act(c_new, bind)
                         T.buffer_store(b.c, keep_or(r, c_new, c_prev), [r, j])
-                    elif op.op_type == "GRU" and self.onnxruntime_order:
+                    elif op.op_type == "GRU":
                         f_act, g_act = acts
                         row = t * rows + r
                         if op.linear_before_reset:
@@ -552,16 +548,6 @@ class _KernelWriter:
                             z_gate = bind(b.z[r, j])
                             pre_h = self.pre_activation(b, d, row, jb, 2, v, b.acc[a, 0, v], None, bind)
                         h_new = gru_output_gate(g_act, pre_h, z_gate, hp, bind)
-                    elif op.op_type == "GRU":
-                        f_act, g_act = acts
-                        if op.linear_before_reset:
-                            z_gate = bind(f_act(pre(r, 0, jb, v, b.acc[a, 0, v], bind), bind))
-                            r_gate = bind(f_act(pre(r, 1, jb, v, b.acc[a, 1, v], bind), bind))
-                            candidate = bind(g_act(pre(r, 2, jb, v, r_gate * b.acc[a, 2, v], bind), bind))
-                        else:
-                            z_gate = bind(b.z[r, j])
-                            candidate = bind(g_act(pre(r, 2, jb, v, b.acc[a, 0, v], bind), bind))
-                        h_new = (_f32(1.0) - z_gate) * candidate + z_gate * hp
                     else:
                         h_new = acts[0](pre(r, 0, jb, v, b.acc[a, 0, v], bind), bind)
                     T.buffer_store(b.h, keep_or(r, h_new, hp), [nxt, r, j])
@@ -619,7 +605,7 @@ class _KernelWriter:
         low = bind(tvm.tirx.Select(total < bound, total, bound))
         return bind(tvm.tirx.Select(-bound < low, low, -bound))
 
-    def gru_reset_first_phase(self, b, d, rows, t, cur, pre, acts):
+    def gru_reset_first_phase(self, b, d, rows, t, cur, acts):
         """GRU without linear_before_reset: r multiplies h *before* the h gate's GEMM, so z and r
         of every unit come first (kept in b.z and b.rh = r * h_prev)."""
         f_act = acts[0]
@@ -632,15 +618,11 @@ class _KernelWriter:
                 with T.vectorized(_i64(0), _i64(self.lanes)) as v:
                     j = jb * self.lanes + v
                     bind = b.slots.binder(v)
-                    if self.onnxruntime_order:
-                        update = f_act.as_onnxruntime(self.fma_sigmoid)
-                        z = update(self.pre_activation(b, d, t * rows + r, jb, 0, v, b.acc[a, 0, v], None, bind), bind)
-                        pre_r = self.pre_activation(b, d, t * rows + r, jb, 1, v, b.acc[a, 1, v], None, bind)
-                        T.buffer_store(b.z, z, [r, j])
-                        T.buffer_store(b.rh, gru_reset_gate(f_act, bind(b.h[cur, r, j]), pre_r, bind), [r, j])
-                        continue
-                    T.buffer_store(b.z, f_act(pre(r, 0, jb, v, b.acc[a, 0, v], bind), bind), [r, j])
-                    T.buffer_store(b.rh, f_act(pre(r, 1, jb, v, b.acc[a, 1, v], bind), bind) * b.h[cur, r, j], [r, j])
+                    update = f_act.as_onnxruntime(self.fma_sigmoid)
+                    z = update(self.pre_activation(b, d, t * rows + r, jb, 0, v, b.acc[a, 0, v], None, bind), bind)
+                    pre_r = self.pre_activation(b, d, t * rows + r, jb, 1, v, b.acc[a, 1, v], None, bind)
+                    T.buffer_store(b.z, z, [r, j])
+                    T.buffer_store(b.rh, gru_reset_gate(f_act, bind(b.h[cur, r, j]), pre_r, bind), [r, j])
 
 
 def _f32(value: float):
