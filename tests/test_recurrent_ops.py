@@ -190,6 +190,38 @@ def test_sums_past_mlas_k_block_are_onnxruntimes(op, linear_before_reset, tmp_pa
         assert_as_onnxruntime(op, expected, actual)
 
 
+def without_bias(model: onnx.ModelProto) -> onnx.ModelProto:
+    node = model.graph.node[0]
+    node.input[3] = ""
+    kept = [w for w in model.graph.initializer if w.name != "B"]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    return model
+
+
+# onnxruntime clips every gate's input, with FLT_MAX when the op has no clip attribute: with a
+# bias, std::min / std::max turn NaN into FLT_MAX; without one, NaN stays NaN (recurrent.pre_activation).
+@pytest.mark.parametrize("case", ["LSTM", "LSTM clip", "LSTM no bias", "GRU", "GRU reset first clip", "GRU no bias"])
+def test_special_values_give_onnxruntimes_bits(case, tmp_path):
+    op = case.split()[0]
+    attributes = {"clip": 3.0} if "clip" in case else {}
+    if op == "GRU" and "first" not in case:
+        attributes["linear_before_reset"] = 1
+    model = recurrent_model(op, steps=4, peepholes=op == "LSTM", **attributes)
+    if "no bias" in case:
+        model = without_bias(model)
+    original = tmp_path / "op.onnx"
+    onnx.save(model, original)
+    result = onnxfuse.optimize(original, tmp_path / "op.fused.onnx", verify=False, cache_dir=False)
+    assert [o.status for o in result.outcomes] == ["compiled"], result.report["groups"]
+    feeds = feeds_for(model, 4, 6, 0)
+    x = feeds["X"]
+    x[0, 0, 0], x[1, 1, 2], x[2, 2, 3] = np.nan, np.inf, -np.inf
+    x[0, 3, :], x[1, 4, :] = 1e30, -0.0
+    expected, actual = run_both(original, result.model_path, feeds)
+    assert_as_onnxruntime(op, expected, actual)
+
+
 @needs_qemu
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
 @pytest.mark.parametrize("cpu", ["Haswell", "Nehalem"])
