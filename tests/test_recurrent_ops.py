@@ -148,6 +148,9 @@ CASES = {
                                     activations=["Tanh", "Sigmoid", "Tanh", "Sigmoid"]),
     "gru_activations_hardsigmoid_softsign_reset_after": dict(op="GRU", activations=["HardSigmoid", "Softsign"],
                                                              activation_alpha=[0.3], activation_beta=[0.4]),
+    # onnxruntime's Affine defaults to alpha = beta = 0 (recurrent_op.ACTIVATIONS)
+    "lstm_affine_without_alpha_beta": dict(op="LSTM", activations=["Sigmoid", "Tanh", "Affine"]),
+    "gru_affine_without_alpha_beta": dict(op="GRU", linear_before_reset=1, activations=["Sigmoid", "Affine"]),
     "lstm_bidirectional_layout1_states_only_y_h_y_c": dict(op="LSTM", direction="bidirectional", layout=1,
                                                           states=True, outputs=["Y_h", "Y_c"]),
     "rnn_bidirectional_relu_only_y_h": dict(op="RNN", direction="bidirectional", states=True,

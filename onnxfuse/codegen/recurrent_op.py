@@ -79,15 +79,18 @@ def _hard_sigmoid(x, alpha: float, beta: float, bind):
     return tvm.tirx.Select(low < _f32(1.0), low, _f32(1.0))
 
 
-# name → (alpha and beta it takes, their ONNX defaults, the function of x, alpha, beta, bind)
+# name → (alpha and beta it takes, their defaults, the function of x, alpha, beta, bind). The
+# defaults are onnxruntime's: LeakyRelu's and HardSigmoid's own, 0 for the rest (an Affine or a
+# ScaledTanh without activation_alpha / activation_beta computes 0 there; the fuzzing of these ops
+# found ours at 1 and 1).
 ACTIVATIONS = {
     "Sigmoid": (0, (), lambda x, a, b, bind: fast_sigmoid(x, bind)),
     "Tanh": (0, (), lambda x, a, b, bind: rational_tanh(x, bind)),
     "Relu": (0, (), lambda x, a, b, bind: tvm.tirx.Select(x > _f32(0.0), x, _f32(0.0))),
     "HardSigmoid": (2, (0.2, 0.5), lambda x, a, b, bind: _hard_sigmoid(x, a, b, bind)),
-    "Affine": (2, (1.0, 0.0), lambda x, a, b, bind: rounded(_f32(a) * x) + _f32(b)),
+    "Affine": (2, (0.0, 0.0), lambda x, a, b, bind: rounded(_f32(a) * x) + _f32(b)),
     "LeakyRelu": (1, (0.01,), lambda x, a, b, bind: tvm.tirx.Select(x >= _f32(0.0), x, _f32(a) * x)),
-    "ScaledTanh": (2, (1.0, 1.0), lambda x, a, b, bind: _f32(a) * rational_tanh(_f32(b) * x, bind)),
+    "ScaledTanh": (2, (0.0, 0.0), lambda x, a, b, bind: _f32(a) * rational_tanh(_f32(b) * x, bind)),
     "Softsign": (0, (), lambda x, a, b, bind: x / (_f32(1.0) + tvm.tirx.abs(x))),
 }
 
