@@ -576,10 +576,15 @@ class _KernelWriter:
 
     def linear_output(self, b, d, a, r, jb, v):
         """GRU with linear_before_reset: h Rh^T + Rbh as onnxruntime sums it (Rbh, then the
-        GEMM's blocks added into it; no Rbh without B)."""
+        GEMM's blocks added into it; no Rbh without B). b.lin holds the blocks before the last
+        only where this step's GEMV ran (the first step without initial_h skips it)."""
+        start = b.b_rec[d, jb, v] if self.op.has_bias else None
         if len(self.k_blocks(self.op.hidden)) > 1:
-            return b.lin[r, jb * self.lanes + v] + b.acc[a, 2, v]
-        return b.b_rec[d, jb, v] + b.acc[a, 2, v] if self.op.has_bias else b.acc[a, 2, v]
+            folded = b.lin[r, jb * self.lanes + v]
+            if self.gemv_runs is not None:
+                folded = tvm.tirx.Select(self.gemv_runs, folded, start if start is not None else _f32(0.0))
+            return folded + b.acc[a, 2, v]
+        return start + b.acc[a, 2, v] if start is not None else b.acc[a, 2, v]
 
     def folder(self, b, d, t, rows, gates, first_gate=0):
         """recurrent_sum's `fold` in onnxruntime's order (None otherwise)."""
