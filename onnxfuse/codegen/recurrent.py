@@ -4,8 +4,9 @@ Why not through Relax: its ONNX importer unrolls a recurrent op into per-step op
 then keeps the weights hot across steps. Here the whole sequence is one loop nest:
 
     for each direction, for each tile of batch rows (4 rows, then the ragged rows one by one):
-        projection: xp[t, row, :] = X[t, row] @ W^T + bias   for every step at once (a GEMM whose
-                    rows are (step, row) pairs, 4 at a time, per tile of W's columns kept in L1)
+        projection: xp[t, row, :] = X[t, row] @ W^T   for every step at once (a GEMM whose
+                    rows are (step, row) pairs, 4 at a time, per tile of W's columns kept in L1;
+                    the RNN starts it from the bias)
         recurrence: for each step t (reversed for a reverse direction):
                         for each block of `lanes` hidden units (snake order; at batch 1 up to 4
                         blocks together when a block has under 4 gate vectors):
@@ -25,7 +26,9 @@ separate elementwise pass. Rows are independent over the whole sequence, so a ba
 
 Semantics (ONNX, as onnxruntime computes them; recurrent_op.py reads the attributes):
 sequence_lens freezes a row's state after its last step and zeroes its Y beyond it; a reverse
-direction starts at each row's last valid step; clip bounds every gate's pre-activation.
+direction starts at each row's last valid step; clip bounds every gate's pre-activation. The
+LSTM and the GRU sum, clip and activate in onnxruntime's order and with its functions, so their
+outputs are its bits (pre_activation, k_blocks, recurrent_op.gru_*_gate; docs/recurrent.md).
 """
 
 from __future__ import annotations
