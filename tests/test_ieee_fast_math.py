@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import host_has
 from onnx_builder import model, node
 from test_ieee_order import assert_bitwise_equal, fused_session, original_session
 
@@ -107,3 +108,29 @@ def test_a_symbolic_rows_scalar_tail_is_onnxruntimes_too(tmp_path, op):
     (got,) = fused_session(m, tmp_path).run(None, {"x": x})
     (expected,) = original_session(m).run(None, {"x": x})
     assert_bitwise_equal(got, expected)
+
+
+# onnxruntime's Softmax (MLAS's AVX-512 kernels): exp(x - max) summed in 16 lanes, then reduced in
+# its own order (fast_math._fast_softmax). Rows shorter than, equal to and longer than a vector,
+# with a ragged last one, static and symbolic; the last axis and an inner one; opset 11's
+# flattened rows.
+SOFTMAX_CASES = {
+    "static": (17, ["N", 333], -1), "static_one": (17, ["N", 1], -1), "static_short": (17, ["N", 5], -1),
+    "symbolic": (17, ["N", "D"], -1), "inner_axis": (17, ["N", 37, 4], 1), "opset11_flattened": (11, ["N", 3, 40], 1),
+}
+
+
+@pytest.mark.skipif(not host_has("avx512f"), reason="onnxruntime sums in 16 lanes on AVX-512 CPUs only")
+@pytest.mark.parametrize("case", list(SOFTMAX_CASES))
+def test_softmax_is_onnxruntimes_bit_for_bit(tmp_path, case):
+    opset, dims, axis = SOFTMAX_CASES[case]
+    m = model([node("Softmax", ["x"], "a", axis=axis), node("Neg", ["a"], "y")], {"x": tuple(dims)}, {"y": tuple(dims)},
+              opset=opset)
+    session = fused_session(m, tmp_path)
+    lengths = (1, 15, 16, 17, 100, 333) if case == "symbolic" else (None,)
+    for seed, length in enumerate(lengths):
+        shape = [9 if d == "N" else (length if d == "D" else d) for d in dims]
+        x = (np.random.default_rng(seed).standard_normal(shape) * 4).astype(F32)
+        (got,) = session.run(None, {"x": x})
+        (expected,) = original_session(m).run(None, {"x": x})
+        assert_bitwise_equal(got, expected)

@@ -269,14 +269,60 @@ def _row_of(index, axis: int):
     return [0 if k == axis else i for k, i in enumerate(index)]
 
 
+# onnxruntime's float32 Softmax (MLAS, its AVX-512 kernels) per row: the maximum, then
+# exp(x - max) with its exp kernel (exp_value's algorithm) summed in one 16-lane accumulator (lane
+# l adds elements l, l + 16, l + 32, ... in order), that accumulator reduced as upper half plus
+# lower half, then pairs ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)), and every exp times
+# 1 / sum. The same order here gives its bits where onnxruntime runs the AVX-512 kernels; its
+# AVX2 and baseline kernels sum in other lanes (within tolerance there).
+SOFTMAX_LANES = 16
+
+
+def _lane_sums(e: te.Tensor, axis: int) -> te.Tensor:
+    """Per row, the 16 lane sums of `e` along `axis` (that axis becomes the lane): each a chain
+    from 0 in order; lanes past the row's end add +0 (e >= 0, so the sums are unchanged)."""
+    length = e.shape[axis]
+    vectors = tvm.tirx.indexdiv(length + (SOFTMAX_LANES - 1), SOFTMAX_LANES)
+    j = te.reduce_axis((0, vectors), name="vector")
+
+    def lane_sum(*index):
+        k = j * SOFTMAX_LANES + index[axis]
+        at = list(index)
+        at[axis] = k
+        # if_then_else reads only where k is inside the row (a Select reads both sides, and the
+        # schedule's bounds reasoning dropped a clamp of k: one row read past its end).
+        return te.sum(tvm.tirx.if_then_else(k < length, e(*at), tvm.tirx.const(0.0, e.dtype)), axis=j)
+
+    shape = list(e.shape)
+    shape[axis] = SOFTMAX_LANES
+    return te.compute(shape, lane_sum, name="softmax_lane_sums")
+
+
+def _reduced_lanes(lanes: te.Tensor, axis: int) -> te.Tensor:
+    """MLAS's horizontal sum of its 16-lane accumulator (above), keepdims along `axis`. Written
+    as a reduction (over one element) so the schedule keeps it a block of its own: inlined into
+    the row's products it was recomputed for every element (16 loads and 15 adds each)."""
+    once = te.reduce_axis((0, 1), name="once")
+
+    def total(*index):
+        def lane(k):
+            at = list(index)
+            at[axis] = k + once
+            return lanes(*at)
+        a = [lane(k + 8) + lane(k) for k in range(8)]
+        return te.sum(((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])), axis=once)
+
+    shape = list(lanes.shape)
+    shape[axis] = 1
+    return te.compute(shape, total, name="softmax_sum")
+
+
 def _fast_softmax(x: te.Tensor, axis: int) -> te.Tensor:
-    """exp(x - max) * (1 / sum): topi's softmax calls libm's expf once per element (not
-    vectorized) and divides every element; one reciprocal per row is what onnxruntime does."""
+    """onnxruntime's Softmax (above): one reciprocal per row, each exp times it."""
     axis = axis % len(x.shape)
     peak = topi.max(x, axis=axis, keepdims=True)
-    e = te.compute(x.shape, lambda *i: fast_exp_value(x(*i) - peak(*_row_of(i, axis)), subnormal=True, nonpositive=True),
-                   name="softmax_exp")
-    total = topi.sum(e, axis=axis, keepdims=True)
+    e = te.compute(x.shape, lambda *i: exp_value(x(*i) - peak(*_row_of(i, axis))), name="softmax_exp")
+    total = _reduced_lanes(_lane_sums(e, axis), axis)
     inverse = te.compute(total.shape, lambda *i: tvm.tirx.const(1.0, x.dtype) / total(*i), name="softmax_inverse")
     return te.compute(x.shape, lambda *i: e(*i) * inverse(*_row_of(i, axis)), name="softmax")
 
