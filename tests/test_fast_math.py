@@ -80,10 +80,12 @@ def test_fast_exp_is_accurate_over_the_whole_float_range(tmp_path):
 
 @pytest.mark.parametrize("width", [1000, 24])
 def test_softmax_of_rows_the_vector_does_not_divide(tmp_path, width):
-    """Rows of 1,000 take 8-lane vectors, rows of 24 too (schedule._lanes_dividing)."""
+    """The row's maximum of rows of 1,000 takes 8-lane vectors, of 24 too
+    (schedule._lanes_dividing); the sum is written in onnxruntime's 16 lanes by the lowering
+    itself (fast_math._lane_sums), its ragged last vector read through if_then_else."""
     m = _op_then_scale("Softmax", shape=("N", width), axis=-1)
     cg = compile_group(m, "k", resolve_target("native"), tmp_path)
-    assert cg.stats["reductions_factored"] == 2
+    assert cg.stats["reductions_factored"] == 1
     for batch in (1, 9):
         feeds = random_feeds(m, batch, seed=batch)
         feeds["x"] *= 4
