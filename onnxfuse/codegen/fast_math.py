@@ -41,40 +41,26 @@ _ROUNDER = 1.5 * 2**23 + 126
 # Below: n - 1 <= -127, the scale's bits are 0, and exp is 0 (it is under 2.4e-38 there).
 # Above: the result overflows to inf in the last multiply; clamping keeps n + 126 < 256.
 _LOW, _HIGH = -126 * 0.6931471805599453, 89.0
-# With subnormal results: exp(-104) is under 2^-150, half the smallest subnormal, so rounds to 0
-# as exp of anything below does; n + 126 >= -24 keeps the rounder's bits an integer in [2^23, 2^24).
-_SUBNORMAL_LOW = -104.0
-# For x <= 0 (a softmax's x - max): the scale is 2^(n-1+64), normal for n down to -189, and the
-# polynomial's coefficients are scaled by 2^-64 (exactly: a power of two), so the one multiply
-# poly * scale rounds the true product once, into the subnormal range where it falls there.
-_NONPOSITIVE_OFFSET = 64
 
 
-def fast_exp_value(x, bind=lambda value: value, subnormal: bool = False, nonpositive: bool = False):
-    """exp of one float32 PrimExpr. NaN stays NaN, +inf gives inf, -inf gives 0.
-
-    subnormal (with nonpositive only: x <= 0 by construction, as in softmax): results under
-    2^-126 (x below -87.3) are computed, not 0, at no cost. Where 1 is added to the exp (the
-    recurrent ops' sigmoid, the sum of a log-softmax row, which holds exp(0)) they make no
-    difference. The Exp op itself is onnxruntime's (exp_value).
+def fast_exp_value(x, bind=lambda value: value):
+    """exp of one float32 PrimExpr. NaN stays NaN, +inf gives inf, -inf gives 0. Results under
+    2^-126 (x below -87.3) are 0: where it is used (the RNN op's sigmoid, the sum of a
+    log-softmax row, which holds exp(0)) 1 is added to it, so they make no difference. The Exp
+    op and Softmax use onnxruntime's own (exp_value).
 
     `bind` names an intermediate value where the caller can (the IR builder's T.Bind): the
     expression reads x 18 times and its bits 2 times, and as a tree (not bound) LLVM's passes
     take seconds on a few hundred of them in one block (the recurrent kernels' gate math)."""
     f32 = "float32"
-    assert nonpositive or not subnormal, "subnormal results are computed for x <= 0 only"
-    offset = _NONPOSITIVE_OFFSET if subnormal else 0
-    rounder = _ROUNDER + offset
-    low, high = (_SUBNORMAL_LOW if subnormal else _LOW), (0.0 if nonpositive else _HIGH)
     # Bound first: nan_propagation keeps max(bound, x) as is, which lets a NaN x through.
-    clamped = bind(tvm.tirx.max(tvm.tirx.const(low, f32), tvm.tirx.min(tvm.tirx.const(high, f32), x)))
-    bits = bind(tvm.tirx.reinterpret("int32", clamped * tvm.tirx.const(_LOG2E, f32) + tvm.tirx.const(rounder, f32)))
+    clamped = bind(tvm.tirx.max(tvm.tirx.const(_LOW, f32), tvm.tirx.min(tvm.tirx.const(_HIGH, f32), x)))
+    bits = bind(tvm.tirx.reinterpret("int32", clamped * tvm.tirx.const(_LOG2E, f32) + tvm.tirx.const(_ROUNDER, f32)))
     # Through the bits, so no simplifier folds (a + K) - K back to a.
-    n = bind(tvm.tirx.reinterpret(f32, bits) - tvm.tirx.const(rounder, f32))
+    n = bind(tvm.tirx.reinterpret(f32, bits) - tvm.tirx.const(_ROUNDER, f32))
     r = bind(clamped - n * tvm.tirx.const(_LN2_HI, f32) - n * tvm.tirx.const(_LN2_LO, f32))
-    coefficients = [c * 2.0**-offset for c in _TWICE_EXP_POLY]
-    poly = tvm.tirx.const(coefficients[0], f32)
-    for c in coefficients[1:]:
+    poly = tvm.tirx.const(_TWICE_EXP_POLY[0], f32)
+    for c in _TWICE_EXP_POLY[1:]:
         poly = poly * r + tvm.tirx.const(c, f32)
     scale = tvm.tirx.reinterpret(f32, bits << tvm.tirx.const(23, "int32"))
     return poly * scale
