@@ -28,10 +28,8 @@ def clamp_to_unit(ratio):
     """The generic kernel's clamp of `ratio` (a float PrimExpr) to [0, 1]; NaN stays NaN (both
     compares are false). `ratio` is bound once (a Let), so the schedule inlines the rational
     block into this one (it reads it once). `for_level` recognises exactly this shape."""
-    dtype = ratio.ty.dtype
-    zero, one = tvm.tirx.const(0.0, dtype), tvm.tirx.const(1.0, dtype)
-    r = tvm.tirx.Var("sigmoid_ratio", dtype)
-    return tvm.tirx.Let(r, ratio, tvm.tirx.Select(r < zero, zero, tvm.tirx.Select(one < r, one, r)))
+    r = tvm.tirx.Var("sigmoid_ratio", ratio.ty.dtype)
+    return tvm.tirx.Let(r, ratio, clamp_as_kernel(r, fma_kernel=False))
 
 
 def clamp_as_kernel(ratio, fma_kernel: bool):
@@ -62,7 +60,7 @@ def _floor_only(value):
     inner = outer.false_value if isinstance(outer, tvm.tirx.Select) else None
     if not isinstance(inner, tvm.tirx.Select):
         raise ValueError(f"{CLAMP_BLOCK}: not the clamp clamp_to_unit writes: {value}")
-    return tvm.tirx.Let(value.var, value.value, tvm.tirx.Select(outer.condition, outer.true_value, inner.false_value))
+    return tvm.tirx.Let(value.var, value.value, clamp_as_kernel(value.var, fma_kernel=True))
 
 
 def _without_upper_bound(block):
