@@ -26,6 +26,7 @@ import operator
 import tvm
 from tvm import relax, te, topi
 
+from .fast_math import multiply_add
 from .rounded_products import rounded
 
 WELFORD_BELOW = 8  # onnxruntime's kernel takes its vectorized path from rows of 8
@@ -119,10 +120,9 @@ def _squares_in_onnxruntimes_order(data: te.Tensor, first: int, n: int, mean: te
             position += 4
         for flat in range(position, n):
             d = deviation(row, flat)
-            # llvm.fmuladd: one fused multiply-add where the level has FMA, a rounded product and
-            # an add where not. Written `d * d + value`, the SLP vectorizer took two or three
-            # such squares into one vector multiply first, and no add was fused.
-            value = tvm.tirx.call_llvm_pure_intrin(data.dtype, "llvm.fmuladd", d, d, value)
+            # llvm.fmuladd (multiply_add): written `d * d + value`, the SLP vectorizer took two or
+            # three such squares into one vector multiply first, and no add was fused.
+            value = multiply_add(d, d, value)
         return value
 
     return te.compute(rows, total, name="x_var_sum")
