@@ -579,10 +579,10 @@ class _KernelWriter:
 
     def linear_output(self, b, d, a, r, jb, v):
         """GRU with linear_before_reset: h Rh^T + Rbh as onnxruntime sums it (Rbh, then the
-        GEMM's blocks added into it; no Rbh without B). b.lin holds the blocks before the last
-        only where this step's GEMV ran (the first step without initial_h skips it)."""
+        GEMM's blocks added into it; no Rbh without B). b.lin (past one k block) holds the blocks
+        before the last only where this step's GEMV ran (the first step without initial_h skips it)."""
         start = b.b_rec[d, jb, v] if self.op.has_bias else None
-        if len(self.k_blocks(self.op.hidden)) > 1:
+        if b.lin is not None:
             folded = b.lin[r, jb * self.lanes + v]
             if self.gemv_runs is not None:
                 folded = tvm.tirx.Select(self.gemv_runs, folded, start if start is not None else _f32(0.0))
