@@ -149,3 +149,46 @@ def test_when_onnxruntime_cannot_answer_the_chains_stay_ops(tmp_path, monkeypatc
     got, expected = fused.run(None, {"input": x})[0], original.run(None, {"input": x})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
     assert (got != expected).any()  # the ops' bits, not the fused kernel's: the query's answer mattered
+
+
+def residual_layer_norm_model(hidden: int = 64) -> onnx.ModelProto:
+    """MatMul (+ Tanh) + bias, + residual, LayerNormalization on [batch, seq, hidden], as BERT's
+    exports write the attention output (then Relu and Neg, a group of their own): onnxruntime
+    fuses the two Adds and the LayerNorm into its SkipLayerNormalization, which adds
+    `(x W + residual) + bias` and takes Welford's update."""
+    rng = np.random.default_rng(3)
+    inits = {"w": (rng.standard_normal((hidden, hidden)) * 0.2).astype(F32), "bias": rng.standard_normal(hidden).astype(F32),
+             "gamma": rng.standard_normal(hidden).astype(F32), "beta": rng.standard_normal(hidden).astype(F32)}
+    nodes = [node("MatMul", ["x", "w"], "mm"), node("Tanh", ["mm"], "m"), node("Add", ["m", "bias"], "linear"),
+             node("Add", ["linear", "r"], "s"), node("LayerNormalization", ["s", "gamma", "beta"], "ln", epsilon=1e-12),
+             node("Relu", ["ln"], "relu"), node("Neg", ["relu"], "y")]
+    shape = ("batch", "seq", hidden)
+    return model(nodes, {"x": shape, "r": shape}, {"y": shape}, inits)
+
+
+def test_onnxruntime_reports_its_skip_layer_normalization():
+    fused = onnxruntime_fused_ops(residual_layer_norm_model())
+    assert [(op.op, op.inputs[:2], op.output) for op in fused] == [("SkipLayerNormalization", ("m", "r"), "ln")]
+
+
+def test_a_skip_layer_normalization_chain_is_left_to_onnxruntime_and_gives_its_bits(tmp_path):
+    """The Adds and the LayerNorm stay in the written model, so onnxruntime fuses and computes
+    them as in the original; in the MatMul's kernel, the Adds gave other bits in 30% of the
+    elements (the LayerNorm then ran as onnxruntime's LayerNormalization, not its Welford)."""
+    from onnxfuse.pipeline import optimize
+    from onnxfuse.session import InferenceSession
+
+    m = residual_layer_norm_model()
+    source = tmp_path / "m.onnx"
+    onnx.save(m, str(source))
+    result = optimize(source, tmp_path / "m.fused.onnx", cache_dir=False, jobs=1, select="all")
+    kept = {entry["op_type"] for entry in result.report["unfused"]
+            if "SkipLayerNormalization" in entry["reason"]}
+    assert kept == {"Add", "LayerNormalization"}
+    assert result.report["groups_compiled"] == 2  # MatMul + Tanh, Relu + Neg
+    fused = InferenceSession(str(result.model_path), providers=["CPUExecutionProvider"])
+    original = original_session(m)
+    rng = np.random.default_rng(4)
+    for batch, seq in ((1, 1), (2, 7), (8, 16)):
+        feeds = {name: rng.standard_normal((batch, seq, 64)).astype(F32) for name in ("x", "r")}
+        assert_bitwise_equal(fused.run(None, feeds)[0], original.run(None, feeds)[0])

@@ -10,6 +10,11 @@ kernel's bits wherever it fused, and the ops' where it did not:
 - LayerNorm written as ops (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add) becomes
   LayerNormalization, whose kernel sums the mean in float64 and the squares in its own lanes
   (codegen/layer_norm.py computes it the same way), where the ops give other last bits.
+- A LayerNorm after a residual Add (and the Add of a bias before it), as BERT's exports write it,
+  becomes SkipLayerNormalization (com.microsoft): it adds `(input + skip) + bias`, in another
+  order than the model's, and takes Welford's update over the whole row (read from onnxruntime
+  1.32's machine code). No group holds that chain whole (the LayerNorm is planned on its own),
+  so its nodes are left to onnxruntime (`kept_in_onnxruntime`), which fuses them as before.
 
 Which chains onnxruntime fuses depends on its version and on each chain's surroundings, so
 nothing here guesses: `onnxruntime_fused_ops` asks the installed onnxruntime (its optimized graph
@@ -37,9 +42,10 @@ from ..frontend.validate import all_nodes
 INVERSE_SQRT2 = np.float32(0.70710678118654752440)  # onnxruntime's float 1/sqrt(2)
 GELUS = ("Gelu", "BiasGelu")  # com.microsoft
 LAYER_NORM = "LayerNormalization"  # the ONNX op (opset 17), which onnxruntime's fusion writes
+SKIP_LAYER_NORM = "SkipLayerNormalization"  # com.microsoft
 MIN_LAYER_NORM_OPSET = 17
-WATCHED_OPS = {"Erf", "ReduceMean"}  # a model with neither has no chain onnxruntime fuses here
-MAX_CHAIN_NODES = 12  # GELU chains have 5 nodes, LayerNorm chains 9 (10 with a Cast)
+WATCHED_OPS = {"Erf", "ReduceMean", LAYER_NORM}  # a model with none has no chain onnxruntime fuses here
+MAX_CHAIN_NODES = 12  # GELU chains have 5 nodes, LayerNorm chains 9 (10 with a Cast), 11 with two Adds
 
 
 @dataclass(frozen=True)
@@ -54,8 +60,8 @@ class FusedOp:
 
 
 def onnxruntime_fused_ops(model: onnx.ModelProto, path: str | os.PathLike | None = None) -> tuple[FusedOp, ...]:
-    """The Gelu, BiasGelu and LayerNormalization nodes onnxruntime's optimizer (CPU, default
-    level) writes in place of the model's ops, in every scope; () when the model has nothing
+    """The Gelu, BiasGelu, LayerNormalization and SkipLayerNormalization nodes onnxruntime's
+    optimizer (CPU, default level) writes in place of the model's ops, in every scope; () when the model has nothing
     such a node could replace, or onnxruntime fails. `path`: the model's file, given to
     onnxruntime instead of `model` (its external data beside it)."""
     nodes = list(all_nodes(model.graph))
@@ -71,7 +77,8 @@ def onnxruntime_fused_ops(model: onnx.ModelProto, path: str | os.PathLike | None
         gelu = node.domain == "com.microsoft" and node.op_type in GELUS
         layer_norm = (node.domain in ("", "ai.onnx") and node.op_type == LAYER_NORM
                       and node.output[0] not in own_layer_norms)
-        if (gelu or layer_norm) and node.input and len(node.output) >= 1:
+        skip_layer_norm = node.domain == "com.microsoft" and node.op_type == SKIP_LAYER_NORM
+        if (gelu or layer_norm or skip_layer_norm) and node.input and len(node.output) >= 1:
             fused.append(FusedOp(node.op_type, tuple(node.input), node.output[0], tuple(node.attribute)))
     return tuple(fused)
 
@@ -101,6 +108,8 @@ def as_onnxruntime_computes(nodes: list[onnx.NodeProto], outputs: list[str], fus
     `opset`: the group model's (LayerNormalization is an op from 17 on)."""
     constants: list[onnx.TensorProto] = []
     for fused in fused_ops:
+        if fused.op == SKIP_LAYER_NORM:  # kept in onnxruntime, never in a group
+            continue
         if fused.op in GELUS:
             x = fused.inputs[0] if len(fused.inputs) == 1 else biased.get(tuple(sorted(fused.inputs[:2])))
             sources = {x}
@@ -120,6 +129,29 @@ def as_onnxruntime_computes(nodes: list[onnx.NodeProto], outputs: list[str], fus
         nodes[at:at + 1] = replacement
         constants += scalars
     return nodes, constants
+
+
+def kept_in_onnxruntime(graph, fused_ops: tuple[FusedOp, ...]) -> dict[int, str]:
+    """The nodes (by index in `graph`, a Graph of ir.py) of each chain onnxruntime fuses into its
+    SkipLayerNormalization, with the reason: planned as opaque, they stay in the written model as
+    the model's ops, and onnxruntime computes them as it computes the original."""
+    producer = {out: node.index for node in graph.nodes for out in node.outputs}
+    kept: dict[int, str] = {}
+    for fused in fused_ops:
+        if fused.op != SKIP_LAYER_NORM or fused.output not in producer:
+            continue
+        chain, pending, sources = set(), [producer[fused.output]], set(fused.inputs)
+        while pending and len(chain) <= MAX_CHAIN_NODES:
+            index = pending.pop()
+            if index not in chain:
+                chain.add(index)
+                pending += [producer[name] for name in graph.nodes[index].inputs
+                            if name and name not in sources and name in producer]
+        if len(chain) <= MAX_CHAIN_NODES:
+            for index in chain:
+                kept[index] = ("onnxruntime fuses it into its SkipLayerNormalization (the residual Add and "
+                               "LayerNorm), which computes its own way: left to it for the original's bits")
+    return kept
 
 
 def _chain(nodes: list[onnx.NodeProto], x: str, sources: set[str], y: str, outputs: set[str]) -> set[int] | None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from ..ir import Graph
 from ..ops import OpKind, compiled_alone
 from .forward_graph import _make_opaque, build_forward_graph
+from .onnxruntime_fused_ops import kept_in_onnxruntime
 from .partition import FusionOptions, Partitioner
 from .postdom import post_dominator_tree
 
@@ -127,7 +128,8 @@ def plan_fusion(graph: Graph, options: FusionOptions | None = None, leave_out: L
     unfused: list[UnfusedNode] = []
     kinds: dict[int, OpKind] = {}
     for scope, scope_graph in graph.scopes():
-        scope_groups, scope_unfused, scope_kinds = _plan_scope(scope_graph, scope, options, leave_out)
+        scope_groups, scope_unfused, scope_kinds = _plan_scope(scope_graph, scope, options, leave_out,
+                                                               graph.onnxruntime_fused_ops)
         groups += scope_groups
         unfused += scope_unfused
         if not scope:
@@ -136,12 +138,15 @@ def plan_fusion(graph: Graph, options: FusionOptions | None = None, leave_out: L
     return FusionPlan(groups, unfused, options, node_count, kinds)
 
 
-def _plan_scope(graph: Graph, scope: str, options: FusionOptions, leave_out: LeaveOut | None):
+def _plan_scope(graph: Graph, scope: str, options: FusionOptions, leave_out: LeaveOut | None,
+                fused_ops: tuple = ()):
     """Groups, unfused nodes and pattern kinds of one graph (the model's, or one body)."""
     prefix = f"{scope}/" if scope else ""
     fg = build_forward_graph(graph, options.enclosed_gemms)
+    reasons = kept_in_onnxruntime(graph, fused_ops)
     if leave_out is not None:
-        reasons = leave_out(graph)
+        reasons = {**leave_out(graph), **reasons}
+    if reasons:
         marked = [fnode.node.index in reasons for fnode in fg.nodes]
         _make_opaque(fg, marked, lambda fnode: reasons[fnode.node.index])
     tree = post_dominator_tree(fg)
