@@ -169,3 +169,44 @@ def layer_norm_as_onnxruntime(data: te.Tensor, gamma: te.Tensor, beta: te.Tensor
 def legalize_layer_norm(bb: relax.BlockBuilder, call):
     return bb.call_te(layer_norm_as_onnxruntime, call.args[0], call.args[1], call.args[2], list(call.attrs.axes),
                       float(call.attrs.epsilon), primfunc_name_hint="layer_norm")
+
+
+def _welford_step(state, element):
+    """One step of onnxruntime's Welford update, state (count, mean, M2) taking the element's value
+    (the element's own count and M2 are unused): every operation rounded on its own."""
+    count, mean, m2 = state
+    _, value, _ = element
+    k = count + 1.0
+    d = value - mean
+    new_mean = mean + d / k
+    return k, new_mean, m2 + rounded((value - new_mean) * d)
+
+
+# A serial reduction (its steps depend on their order): one loop over the row, never split.
+_welford = te.comm_reducer(_welford_step, lambda *dtypes: tuple(tvm.tirx.const(0.0, t) for t in dtypes),
+                           name="welford")
+
+
+def skip_layer_norm_as_onnxruntime(data: te.Tensor, skip: te.Tensor, gamma: te.Tensor, beta: te.Tensor | None,
+                                   bias: te.Tensor | None, epsilon: float):
+    """onnxruntime's SkipLayerNormalization (com.microsoft; its CPU kernel in 1.32, read from the
+    machine code): `v = (data + skip) + bias` over the last axis, Welford's update over the
+    whole row whatever its length (unlike LayerNormalization), `(v - mean) / sqrt(M2 / n + eps)
+    * gamma + beta`, each operation rounded."""
+    dtype = data.dtype
+    summed = topi.add(data, skip)
+    if bias is not None:
+        summed = topi.add(summed, bias)
+    rows, n = list(summed.shape[:-1]), summed.shape[-1]
+    h = te.reduce_axis((0, n), name="k_welford")
+    zero = tvm.tirx.const(0.0, dtype)
+    _, mean, m2 = te.compute(rows, lambda *r: _welford((zero, summed(*r, h), zero), axis=h), name="welford")
+    eps, length = tvm.tirx.const(epsilon, dtype), tvm.tirx.Cast(dtype, n)
+    std = te.compute(rows, lambda *r: tvm.tirx.sqrt(m2(*r) / length + eps), name="welford_std")
+
+    def normalized(*i):
+        row, column = i[:-1], i[-1]
+        scaled = rounded((summed(*i) - mean(*row)) / std(*row) * gamma(column))
+        return scaled if beta is None else scaled + beta(column)
+
+    return te.compute(summed.shape, normalized, name="T_skip_layer_norm")

@@ -30,7 +30,7 @@ from tvm.relax.frontend.onnx import from_onnx
 
 from ..errors import CompileError, short_reason
 from ..kernel_spec import DerivedDim, Dim
-from . import float16_as_onnxruntime, narrow_tables, onnx_semantics, operand_layout
+from . import float16_as_onnxruntime, narrow_tables, onnx_semantics, onnxruntime_contrib, operand_layout
 from .fast_math import FastMath
 from .fold_shape_take import FoldShapeTake
 from .legalize import CUSTOM_LEGALIZE
@@ -123,6 +123,7 @@ class _ConstantLifter(relax.PyExprMutator):
 
 
 def _import(model: onnx.ModelProto) -> tvm.IRModule:
+    onnxruntime_contrib.installed()
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -881,8 +881,8 @@ def factor_row_reductions(sch, stats: ScheduleStats, registers: RegisterFile) ->
     factored = []
     for block_rv in tir_walk.leaf_blocks(sch):
         block = sch.get(block_rv)
-        if not _is_reduction(block):
-            continue
+        if not _is_reduction(block) or len(block.writes) > 1:
+            continue  # a reduction of several values (Welford's update, layer_norm.py) depends on its order
         loops = _own_loops(sch, block_rv)
         if len(loops) != len(block.iter_vars) or _loop_kinds(sch, block_rv, loops)[-1] != COMM_REDUCE:
             continue

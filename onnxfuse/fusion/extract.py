@@ -15,7 +15,7 @@ from ..errors import CompileError
 from ..ir import Graph, Value
 from .float32_boundaries import carrying_group_model
 from .forward_graph import SHAPE_FROM_OUTPUT
-from .onnxruntime_fused_ops import as_onnxruntime_computes
+from .onnxruntime_fused_ops import CONTRIB_DOMAIN, as_onnxruntime_computes
 from .plan import FusedGroup
 from .rebuilt_shapes import dim_sources, shape_nodes
 
@@ -65,8 +65,10 @@ def extract_group(graph: Graph, group: FusedGroup) -> onnx.ModelProto:
     outputs = [_value_info(graph.value(name), f"output {name!r}", allow_unknown_dims=True) for name in group.outputs]
     g = helper.make_graph(protos, group.name, inputs, outputs, list(initializers.values()))
     opset = graph.opsets.get("", 17)
-    group_model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)],
-                                    ir_version=max(graph.model.ir_version, 7))
+    opsets = [helper.make_opsetid("", opset)]
+    if any(p.domain == CONTRIB_DOMAIN for p in protos):  # an onnxruntime kernel in a chain's place
+        opsets.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    group_model = helper.make_model(g, opset_imports=opsets, ir_version=max(graph.model.ir_version, 7))
     return carrying_group_model(_modernized(group_model) if opset < MIN_GROUP_OPSET else group_model, group)
 
 

@@ -13,8 +13,9 @@ kernel's bits wherever it fused, and the ops' where it did not:
 - A LayerNorm after a residual Add (and the Add of a bias before it), as BERT's exports write it,
   becomes SkipLayerNormalization (com.microsoft): it adds `(input + skip) + bias`, in another
   order than the model's, and takes Welford's update over the whole row (read from onnxruntime
-  1.32's machine code). No group holds that chain whole (the LayerNorm is planned on its own),
-  so its nodes are left to onnxruntime (`kept_in_onnxruntime`), which fuses them as before.
+  1.32's machine code). Each such chain is a group of its own (`skip_layer_norm_chains`), whose
+  group model holds onnxruntime's op (codegen/onnxruntime_contrib.py imports it as the kernel
+  computes, codegen/layer_norm.py vectorizes it across rows).
 
 Which chains onnxruntime fuses depends on its version and on each chain's surroundings, so
 nothing here guesses: `onnxruntime_fused_ops` asks the installed onnxruntime (its optimized graph
@@ -43,6 +44,7 @@ INVERSE_SQRT2 = np.float32(0.70710678118654752440)  # onnxruntime's float 1/sqrt
 GELUS = ("Gelu", "BiasGelu")  # com.microsoft
 LAYER_NORM = "LayerNormalization"  # the ONNX op (opset 17), which onnxruntime's fusion writes
 SKIP_LAYER_NORM = "SkipLayerNormalization"  # com.microsoft
+CONTRIB_DOMAIN = "com.microsoft"
 MIN_LAYER_NORM_OPSET = 17
 WATCHED_OPS = {"Erf", "ReduceMean", LAYER_NORM}  # a model with none has no chain onnxruntime fuses here
 MAX_CHAIN_NODES = 12  # GELU chains have 5 nodes, LayerNorm chains 9 (10 with a Cast), 11 with two Adds
@@ -108,12 +110,10 @@ def as_onnxruntime_computes(nodes: list[onnx.NodeProto], outputs: list[str], fus
     `opset`: the group model's (LayerNormalization is an op from 17 on)."""
     constants: list[onnx.TensorProto] = []
     for fused in fused_ops:
-        if fused.op == SKIP_LAYER_NORM:  # kept in onnxruntime, never in a group
-            continue
         if fused.op in GELUS:
             x = fused.inputs[0] if len(fused.inputs) == 1 else biased.get(tuple(sorted(fused.inputs[:2])))
             sources = {x}
-        elif opset >= MIN_LAYER_NORM_OPSET:
+        elif fused.op == SKIP_LAYER_NORM or opset >= MIN_LAYER_NORM_OPSET:
             x, sources = fused.inputs[0], {name for name in fused.inputs if name}
         else:
             continue
@@ -131,12 +131,13 @@ def as_onnxruntime_computes(nodes: list[onnx.NodeProto], outputs: list[str], fus
     return nodes, constants
 
 
-def kept_in_onnxruntime(graph, fused_ops: tuple[FusedOp, ...]) -> dict[int, str]:
+def skip_layer_norm_chains(graph, fused_ops: tuple[FusedOp, ...]) -> list[list[int]]:
     """The nodes (by index in `graph`, a Graph of ir.py) of each chain onnxruntime fuses into its
-    SkipLayerNormalization, with the reason: planned as opaque, they stay in the written model as
-    the model's ops, and onnxruntime computes them as it computes the original."""
+    SkipLayerNormalization: the plan makes each a group of its own, whose kernel computes what
+    onnxruntime's does (the Adds would otherwise go into a GEMM's epilogue and the LayerNorm stay
+    alone, computed as onnxruntime's LayerNormalization)."""
     producer = {out: node.index for node in graph.nodes for out in node.outputs}
-    kept: dict[int, str] = {}
+    chains = []
     for fused in fused_ops:
         if fused.op != SKIP_LAYER_NORM or fused.output not in producer:
             continue
@@ -148,10 +149,8 @@ def kept_in_onnxruntime(graph, fused_ops: tuple[FusedOp, ...]) -> dict[int, str]
                 pending += [producer[name] for name in graph.nodes[index].inputs
                             if name and name not in sources and name in producer]
         if len(chain) <= MAX_CHAIN_NODES:
-            for index in chain:
-                kept[index] = ("onnxruntime fuses it into its SkipLayerNormalization (the residual Add and "
-                               "LayerNorm), which computes its own way: left to it for the original's bits")
-    return kept
+            chains.append(sorted(chain))
+    return chains
 
 
 def _chain(nodes: list[onnx.NodeProto], x: str, sources: set[str], y: str, outputs: set[str]) -> set[int] | None:
@@ -193,6 +192,9 @@ def _gelu(x: str, y: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]
 
 
 def _layer_norm(fused: FusedOp) -> onnx.NodeProto:
-    node = helper.make_node(LAYER_NORM, list(fused.inputs), [fused.output], name=f"{fused.output}__layer_norm")
+    """The LayerNormalization or SkipLayerNormalization node onnxruntime wrote, on the same values."""
+    domain = CONTRIB_DOMAIN if fused.op == SKIP_LAYER_NORM else ""
+    node = helper.make_node(fused.op, list(fused.inputs), [fused.output], name=f"{fused.output}__{fused.op}",
+                            domain=domain)
     node.attribute.extend(fused.attributes)
     return node

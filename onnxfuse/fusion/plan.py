@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..ir import Graph
 from ..ops import OpKind, compiled_alone
 from .forward_graph import _make_opaque, build_forward_graph
-from .onnxruntime_fused_ops import kept_in_onnxruntime
+from .onnxruntime_fused_ops import skip_layer_norm_chains
 from .partition import FusionOptions, Partitioner
 from .postdom import post_dominator_tree
 
@@ -143,7 +143,9 @@ def _plan_scope(graph: Graph, scope: str, options: FusionOptions, leave_out: Lea
     """Groups, unfused nodes and pattern kinds of one graph (the model's, or one body)."""
     prefix = f"{scope}/" if scope else ""
     fg = build_forward_graph(graph, options.enclosed_gemms)
-    reasons = kept_in_onnxruntime(graph, fused_ops)
+    chains = skip_layer_norm_chains(graph, fused_ops)
+    in_chain = {index for chain in chains for index in chain}
+    reasons = {index: "a SkipLayerNormalization chain (a group of its own)" for index in in_chain}
     if leave_out is not None:
         reasons = {**leave_out(graph), **reasons}
     if reasons:
@@ -156,11 +158,15 @@ def _plan_scope(graph: Graph, scope: str, options: FusionOptions, leave_out: Lea
     by_root: dict[int, list[int]] = {}
     for pos, root in enumerate(roots):
         by_root.setdefault(id(root), []).append(pos)
+    position = {fnode.node.index: pos for pos, fnode in enumerate(fg.nodes)}
+    units = [(sorted(positions), roots[positions[0]].anchored) for positions in by_root.values()
+             if not in_chain & {fg.nodes[p].node.index for p in positions}]
+    units += [(sorted(position[index] for index in chain), True) for chain in chains]
 
     groups: list[FusedGroup] = []
     unfused: list[UnfusedNode] = []
-    for positions in sorted(by_root.values(), key=lambda ps: ps[0]):
-        nodes = [fg.nodes[p].node for p in sorted(positions)]
+    for positions, anchored in sorted(units, key=lambda unit: unit[0][0]):
+        nodes = [fg.nodes[p].node for p in positions]
         if len(nodes) == 1 and not compiled_alone(nodes[0].op_type, nodes[0].domain):
             pos = positions[0]
             reason = partitioner.reasons.get(pos, "nothing next to it could fuse with it")
@@ -174,7 +180,7 @@ def _plan_scope(graph: Graph, scope: str, options: FusionOptions, leave_out: Lea
                 op_types=tuple(n.op_type for n in nodes),
                 inputs=tuple(inputs),
                 outputs=tuple(outputs),
-                anchored=roots[positions[0]].anchored,
+                anchored=anchored,
                 reuse=_reuse(graph, nodes),
                 scope=scope,
             )

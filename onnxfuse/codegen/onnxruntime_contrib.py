@@ -1,0 +1,56 @@
+"""onnxruntime's own ops (domain com.microsoft) in a group model, imported as its kernels compute.
+
+A group model holds such an op where onnxruntime fuses a chain of the model's ops into it
+(fusion/onnxruntime_fused_ops.py): the original's results are that kernel's. TVM's ONNX
+frontend imports SkipLayerNormalization as an Add and a LayerNormalization, whose lowering is
+onnxruntime's LayerNormalization (a float64 mean, the squares in lanes), not its
+SkipLayerNormalization (Welford's update over the whole row), so the converter here replaces
+TVM's. The frontend takes converters from one table, built by a module function; `installed`
+wraps that function once per process, adding ours.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from tvm import relax
+from tvm.relax.frontend.onnx import onnx_frontend
+
+from .layer_norm import skip_layer_norm_as_onnxruntime
+
+
+class SkipLayerNormalization(onnx_frontend.OnnxOpConverter):
+    """Inputs: data, skip, gamma, beta (optional), bias (optional); attribute epsilon."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        data, skip, gamma, beta, bias = (list(inputs) + [None] * 5)[:5]
+        epsilon = float(attr.get("epsilon", 1e-12))
+
+        def lowered(data, skip, gamma, *rest):
+            given = iter(rest)
+            beta_tensor = next(given) if beta is not None else None
+            bias_tensor = next(given) if bias is not None else None
+            return skip_layer_norm_as_onnxruntime(data, skip, gamma, beta_tensor, bias_tensor, epsilon)
+
+        optional = [t for t in (beta, bias) if t is not None]
+        output = bb.emit_te(lowered, data, skip, gamma, *optional, primfunc_name_hint="skip_layer_norm")
+        placeholder = relax.const(0, dtype="float32")  # its mean, inverse std and sum outputs: unread
+        return relax.Tuple([output, placeholder, placeholder, placeholder])
+
+
+CONVERTERS = {"SkipLayerNormalization": SkipLayerNormalization}
+
+
+def installed() -> None:
+    """Put our converters into TVM's ONNX frontend (idempotent)."""
+    build = onnx_frontend._get_convert_map
+    if getattr(build, "onnxfuse_contrib", False):
+        return
+
+    @functools.wraps(build)
+    def with_ours():
+        return {**build(), **CONVERTERS}
+
+    with_ours.onnxfuse_contrib = True
+    onnx_frontend._get_convert_map = with_ours
