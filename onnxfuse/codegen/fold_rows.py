@@ -17,8 +17,8 @@ A group is folded only when each of its blocks iterates first over exactly the t
 of its first output, and each buffer access either indexes a buffer's own two leading dims by
 (b, s) themselves or does not depend on b and s at all (weights, biases). Anything else (a
 Reshape that splits the hidden axis reads through flattened index arithmetic, a Transpose, a
-reduction over seq) leaves the group as it was, and so does a group whose output block is a
-reduction (a GEMM without an epilogue, see _is_reduction). Only groups whose two leading dims are both
+reduction over seq) leaves the group as it was. A group whose output block is a reduction (a
+GEMM without an epilogue) gets a copy block to write its output (_copied_out). Only groups whose two leading dims are both
 symbolic are folded: the runtime picks a kernel's small-batch variant (1-row tiles, for fewer
 than 8 rows) by the product of its symbolic dims, which is then the row count. Folding
 `[N, 8, 64]` (transformer_mlp) made that product 1 at batch 1 for 8 rows, and its GEMMs ran
@@ -144,17 +144,22 @@ def _leading_dims(sch) -> tuple | None:
     blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
     if not blocks or not all(_foldable_block(sch.get(block), leading) for block in blocks):
         return None
-    if any(_is_reduction(sch.get(block)) for block in sch.get_output_blocks(sch.get_sblock("root"))):
-        return None
     return leading
 
 
 def _is_reduction(block) -> bool:
-    """A block with a reduce axis. As a group's output (a GEMM without epilogue), its register
-    tile's cache keeps the parameter's [batch, seq, ...] shape, and the copy out of it spans a
-    bounding box of the tile's rows that crosses into other tiles' rows (garbage written there:
-    a 3D MatMul -> Add -> MatMul chain came out wrong by 1e10)."""
     return any(int(iv.iter_type) != SPATIAL for iv in block.iter_vars)
+
+
+def _copied_out(sch) -> None:
+    """A reduction that writes the group's output (a GEMM without epilogue) writes a folded
+    intermediate instead, and a copy block writes the output: left to write the [batch, seq, ...]
+    parameter itself, its register tile's cache kept that 3D shape, and the copy out of the cache
+    spanned a bounding box of the tile's rows that crossed into other tiles' rows (garbage written
+    there: a 3D MatMul -> Add -> MatMul chain came out wrong by 1e10)."""
+    for block in list(sch.get_output_blocks(sch.get_sblock("root"))):
+        if _is_reduction(sch.get(block)):
+            sch.cache_write(block, 0, "global")
 
 
 def fold_leading_dims(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
@@ -172,6 +177,7 @@ def fold_leading_dims(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
 
 def _folded(sch, leading) -> tvm.tirx.PrimFunc:
     seq = leading[1]
+    _copied_out(sch)
     params = {p.name for p in sch.mod["main"].params}
     blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
     for block in blocks:
