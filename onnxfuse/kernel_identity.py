@@ -34,7 +34,7 @@ from onnx import helper, numpy_helper
 from .codegen.operand_layout import operands_in_place
 from .errors import CompileError, short_reason
 from .kernel_spec import GroupKernel
-from .ops import op_info
+from .ops import group_op_info
 
 FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
                          onnx.TensorProto.BFLOAT16})
@@ -140,7 +140,7 @@ def _baked_initializers(g: onnx.GraphProto, initializers: dict[str, onnx.TensorP
     """The initializers the kernel bakes in (see the module docstring); the rest are weights."""
     baked = set()
     for node in g.node:
-        info = op_info(node.op_type, node.domain)
+        info = group_op_info(node.op_type, node.domain)
         static = range(len(node.input)) if info is None else info.static_inputs
         baked.update(node.input[i] for i in static if i < len(node.input) and node.input[i] in initializers)
     for name, tensor in initializers.items():

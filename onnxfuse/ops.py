@@ -122,6 +122,19 @@ def uncompetitive_ops(op_types) -> list[str]:
     return sorted({op for op in op_types if (info := REGISTRY.get(op)) is not None and not info.competitive})
 
 
+# onnxruntime's own ops that a group model holds in place of a chain onnxruntime fuses
+# (fusion/onnxruntime_fused_ops.py, codegen/onnxruntime_contrib.py): never planned from a model.
+ONNXRUNTIME_KERNELS: dict[tuple[str, str], OpInfo] = {
+    ("com.microsoft", "SkipLayerNormalization"): OpInfo(OpKind.OUT_EWISE_FUSABLE),
+}
+
+
+def group_op_info(op_type: str, domain: str = "") -> OpInfo | None:
+    """op_info, or the entry of an onnxruntime kernel a group model may hold (its gamma, beta and
+    bias are weights like any other op's)."""
+    return op_info(op_type, domain) or ONNXRUNTIME_KERNELS.get((domain, op_type))
+
+
 def op_info(op_type: str, domain: str = "") -> OpInfo | None:
     """The registry entry of a default-domain op, or None (opaque) for anything else."""
     if domain not in ("", "ai.onnx"):

@@ -186,7 +186,8 @@ def test_twelve_repeated_layers_compile_as_one(tmp_path):
         feeds = {"X": np.random.default_rng(layers).standard_normal((3, 8, 64)).astype(np.float32)}
         assert_outputs_match(*run_both(src, result.model_path, feeds))
     (one_compiles, one), (twelve_compiles, twelve) = runs[1], runs[12]
-    # Per layer: the FFN (a GEMM chain, with the residual) and the LayerNorm.
+    # Per layer: the FFN (a GEMM chain) and the bias + residual + LayerNorm (onnxruntime fuses them
+    # into its SkipLayerNormalization, a group of its own here).
     assert one.report["groups_compiled"] == 2 and twelve.report["groups_compiled"] == 24
     assert one_compiles == twelve_compiles == 2
     assert len(set(fused_op_types(twelve.model_path))) == 2

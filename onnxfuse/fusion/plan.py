@@ -143,7 +143,7 @@ def _plan_scope(graph: Graph, scope: str, options: FusionOptions, leave_out: Lea
     """Groups, unfused nodes and pattern kinds of one graph (the model's, or one body)."""
     prefix = f"{scope}/" if scope else ""
     fg = build_forward_graph(graph, options.enclosed_gemms)
-    chains = skip_layer_norm_chains(graph, fused_ops)
+    chains = [chain for chain in skip_layer_norm_chains(graph, fused_ops) if len(chain) <= options.max_depth]
     in_chain = {index for chain in chains for index in chain}
     reasons = {index: "a SkipLayerNormalization chain (a group of its own)" for index in in_chain}
     if leave_out is not None:
