@@ -16,6 +16,10 @@ so the expression grows linearly), otherwise the mean in float64, the squares su
 onnxruntime's lanes and order (_squares_in_onnxruntimes_order; a row whose length is not static
 sums them in the schedule's order) and the products left to LLVM, which contracts the last
 multiply-add where the level has FMA, as onnxruntime's kernel does.
+
+onnxruntime's SkipLayerNormalization (com.microsoft, which its optimizer writes for a residual
+Add + LayerNorm) computes otherwise: Welford's update over every row whatever its length
+(skip_layer_norm_as_onnxruntime, a reduction of three values vectorized across rows).
 """
 
 from __future__ import annotations
