@@ -76,8 +76,16 @@ MIN_GROUP_OPSET = 13
 
 
 def _adds(graph: Graph) -> dict[tuple, str]:
-    return {tuple(sorted(n.inputs)): n.outputs[0] for n in graph.nodes
-            if n.op_type == "Add" and n.domain in ("", "ai.onnx") and len(n.inputs) == 2}
+    """The model's Adds by their sorted input names, and those adding a constant by their other
+    input alone (a 1-tuple; onnxruntime gives equal initializers one name, so a BiasGelu of the
+    second layer may name the first layer's bias), each → its output name."""
+    adds = [n for n in graph.nodes if n.op_type == "Add" and n.domain in ("", "ai.onnx") and len(n.inputs) == 2]
+    by_inputs: dict[tuple, str] = {tuple(sorted(n.inputs)): n.outputs[0] for n in adds}
+    for n in adds:
+        constant = [graph.value(name).initializer is not None for name in n.inputs]
+        if constant.count(True) == 1:
+            by_inputs.setdefault((n.inputs[constant.index(False)],), n.outputs[0])
+    return by_inputs
 
 
 def _float32_values(graph: Graph) -> set[str]:

@@ -105,13 +105,15 @@ def as_onnxruntime_computes(nodes: list[onnx.NodeProto], outputs: list[str], fus
     `fused_ops` among them replaced by what onnxruntime's kernel computes, and the constants
     that reads.
 
-    `biased`: the model's Adds by their sorted input names → output name (a BiasGelu's x);
+    `biased`: the model's Adds by their sorted input names, or by the one that is not a constant
+    (a 1-tuple) → output name (a BiasGelu's x);
     `float32`: the names of float32 values (the kernels here are rewritten for float32 only);
     `opset`: the group model's (LayerNormalization is an op from 17 on)."""
     constants: list[onnx.TensorProto] = []
     for fused in fused_ops:
         if fused.op in GELUS:
-            x = fused.inputs[0] if len(fused.inputs) == 1 else biased.get(tuple(sorted(fused.inputs[:2])))
+            x = fused.inputs[0] if len(fused.inputs) == 1 else (biased.get(tuple(sorted(fused.inputs[:2])))
+                                                                 or biased.get((fused.inputs[0],)))
             sources = {x}
         elif fused.op == SKIP_LAYER_NORM or opset >= MIN_LAYER_NORM_OPSET:
             x, sources = fused.inputs[0], {name for name in fused.inputs if name}
