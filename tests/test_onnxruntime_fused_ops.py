@@ -254,3 +254,30 @@ def test_a_bias_gelu_naming_another_layers_bias_is_onnxruntimes(tmp_path):
     for rows in (1, 64):
         x = inputs(rows)
         assert_bitwise_equal(fused.run(None, {"x": x})[0], original.run(None, {"x": x})[0])
+
+
+def test_a_skip_layer_normalization_on_shared_parameters_is_compiled(tmp_path):
+    """Two residual + LayerNorm layers whose second reads Identity copies of the first's gamma and
+    bias (PyTorch's exporter shares equal parameters so): onnxruntime's SkipLayerNormalization
+    names the first layer's constants, which the second layer's group does not hold; found by
+    content (`in_model_names`), it compiles (it fell back: "canonical form: 'gamma'")."""
+    from onnxfuse.pipeline import optimize
+    from onnxfuse.session import InferenceSession
+
+    hidden, rng = 64, np.random.default_rng(5)
+    inits = {"w": (rng.standard_normal((hidden, hidden)) * 0.2).astype(F32), "bias": rng.standard_normal(hidden).astype(F32),
+             "gamma": rng.standard_normal(hidden).astype(F32), "beta": rng.standard_normal(hidden).astype(F32)}
+    nodes = [node("MatMul", ["x", "w"], "m"), node("Add", ["m", "bias"], "l"), node("Add", ["l", "r"], "s"),
+             node("LayerNormalization", ["s", "gamma", "beta"], "ln", epsilon=1e-12),
+             node("Identity", ["gamma"], "gamma2"), node("Identity", ["bias"], "bias2"),
+             node("MatMul", ["ln", "w"], "m2"), node("Add", ["m2", "bias2"], "l2"), node("Add", ["l2", "ln"], "s2"),
+             node("LayerNormalization", ["s2", "gamma2", "beta"], "y", epsilon=1e-12)]
+    shape = ("batch", "seq", hidden)
+    m = model(nodes, {"x": shape, "r": shape}, {"y": shape}, inits)
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    result = optimize(tmp_path / "m.onnx", tmp_path / "m.fused.onnx", cache_dir=False, jobs=1, select="all")
+    chains = [g for g in result.report["groups"] if g["op_types"] == ["Add", "Add", "LayerNormalization"]]
+    assert [g["status"] for g in chains] == ["compiled", "compiled"], chains
+    fused = InferenceSession(str(result.model_path), providers=["CPUExecutionProvider"])
+    feeds = {name: rng.standard_normal((2, 7, hidden)).astype(F32) for name in ("x", "r")}
+    assert_bitwise_equal(fused.run(None, feeds)[0], original_session(m).run(None, feeds)[0])

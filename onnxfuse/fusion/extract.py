@@ -15,7 +15,7 @@ from ..errors import CompileError
 from ..ir import Graph, Value
 from .float32_boundaries import carrying_group_model
 from .forward_graph import SHAPE_FROM_OUTPUT
-from .onnxruntime_fused_ops import CONTRIB_DOMAIN, as_onnxruntime_computes
+from .onnxruntime_fused_ops import CONTRIB_DOMAIN, as_onnxruntime_computes, content_digest, in_model_names
 from .plan import FusedGroup
 from .rebuilt_shapes import dim_sources, shape_nodes
 
@@ -43,6 +43,9 @@ def extract_group(graph: Graph, group: FusedGroup) -> onnx.ModelProto:
             proto.input[1] = name
     produced_here = {out for node in members for out in node.outputs}
     fused_here = tuple(op for op in fused_ops if op.output in produced_here)
+    if fused_here:
+        here = {name for node in members for name in [*node.inputs, *node.outputs] if name}
+        fused_here = tuple(in_model_names(op, here, _constants_read(graph, members)) for op in fused_here)
     if fused_here:  # the model-wide lookups only for the groups that end such a chain
         protos, constants = as_onnxruntime_computes(protos, group.outputs, fused_here, _adds(graph),
                                                     _float32_values(graph), graph.opsets.get("", 17))
@@ -86,6 +89,13 @@ def _adds(graph: Graph) -> dict[tuple, str]:
         if constant.count(True) == 1:
             by_inputs.setdefault((n.inputs[constant.index(False)],), n.outputs[0])
     return by_inputs
+
+
+def _constants_read(graph: Graph, members) -> dict[str, str]:
+    """The content digest of each initializer the group's nodes read → its name."""
+    names = {name for node in members for name in node.inputs if name}
+    return {content_digest(graph.value(name).initializer): name for name in sorted(names)
+            if graph.value(name).initializer is not None}
 
 
 def _float32_values(graph: Graph) -> set[str]:

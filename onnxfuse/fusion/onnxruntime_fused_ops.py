@@ -29,9 +29,10 @@ cannot optimize or save keeps its ops as they are (correct, as before, only not 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,10 @@ class FusedOp:
     inputs: tuple[str, ...]
     output: str
     attributes: tuple[onnx.AttributeProto, ...] = field(default=(), compare=False)
+    constants: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    """(input name, content digest) of its inputs that are initializers in onnxruntime's graph:
+    onnxruntime gives initializers of equal content one name, which may not be the model's name
+    for the value a chain reads (`in_model_names`)."""
 
 
 def onnxruntime_fused_ops(model: onnx.ModelProto, path: str | os.PathLike | None = None) -> tuple[FusedOp, ...]:
@@ -74,6 +79,7 @@ def onnxruntime_fused_ops(model: onnx.ModelProto, path: str | os.PathLike | None
         optimized = _optimized_by_onnxruntime(os.fspath(path) if path is not None else model.SerializeToString())
     except Exception:  # noqa: BLE001 - an oracle that cannot answer leaves the ops as they are
         return ()
+    initializers = {tensor.name: tensor for tensor in optimized.graph.initializer if not tensor.external_data}
     fused = []
     for node in all_nodes(optimized.graph):
         gelu = node.domain == "com.microsoft" and node.op_type in GELUS
@@ -81,8 +87,26 @@ def onnxruntime_fused_ops(model: onnx.ModelProto, path: str | os.PathLike | None
                       and node.output[0] not in own_layer_norms)
         skip_layer_norm = node.domain == "com.microsoft" and node.op_type == SKIP_LAYER_NORM
         if (gelu or layer_norm or skip_layer_norm) and node.input and len(node.output) >= 1:
-            fused.append(FusedOp(node.op_type, tuple(node.input), node.output[0], tuple(node.attribute)))
+            constants = tuple((name, content_digest(initializers[name])) for name in node.input if name in initializers)
+            fused.append(FusedOp(node.op_type, tuple(node.input), node.output[0], tuple(node.attribute), constants))
     return tuple(fused)
+
+
+def content_digest(tensor: onnx.TensorProto) -> str:
+    """What identifies a constant's value: dtype, shape and elements."""
+    array = numpy_helper.to_array(tensor)
+    return hashlib.sha256(f"{array.dtype}{array.shape}".encode() + array.tobytes()).hexdigest()
+
+
+def in_model_names(fused: FusedOp, known: set[str], constants: dict[str, str]) -> FusedOp:
+    """`fused` reading the group's names: each input the group does not know (`known`: the
+    values its nodes read and write) that is a constant of onnxruntime's graph becomes the
+    group's constant of the same content (`constants`: digest → its name), if there is one."""
+    renamed = {name: constants[digest] for name, digest in fused.constants
+               if name not in known and digest in constants}
+    if not renamed:
+        return fused
+    return replace(fused, inputs=tuple(renamed.get(name, name) for name in fused.inputs))
 
 
 def _optimized_by_onnxruntime(model: str | bytes) -> onnx.ModelProto:
