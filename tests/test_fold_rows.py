@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest import host_has
 from onnx import helper as h
 from test_codegen import check_against_ort, f32, make_model, random_feeds
 
@@ -159,3 +160,21 @@ def test_folded_linear_layers_are_bit_exact(build, tmp_path):
 def test_model_is_valid():
     for build in (linear_residual, linear_heads, linear_gelu, transposed_heads, sum_over_seq):
         onnx.checker.check_model(build())
+
+
+@pytest.mark.skipif(not host_has("avx512f"), reason="40 columns are whole 8-lane vectors: nothing to pad")
+def test_a_gemm_with_padded_columns_is_not_folded_and_keeps_onnxruntimes_bits(tmp_path):
+    """`[batch, seq, 40] @ [40, 40]`: N = 40 is padded to whole vectors (schedule.pad_gemm_columns),
+    which needs the GEMM's unfolded reads; folded, the padding was refused and the GEMM ran as
+    scalar dot products that LLVM summed in its own order (202 of 5,120 elements one ulp off)."""
+    rng = np.random.default_rng(4)
+    nodes = [h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Tanh", ["m"], ["y"])]
+    model = make_model(nodes, [f32("x", ["batch", "seq", 40])], [f32("y", ["batch", "seq", 40])],
+                       {"w": (rng.standard_normal((40, 40)) * 0.2).astype(np.float32)})
+    compiled = compile_group(model, "k", resolve_target("native"), tmp_path)
+    assert not compiled.stats["folded_rows"]
+    assert compiled.stats["gemm_columns_padded"] == 1 and compiled.stats["register_tiles"] == 1
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for batch, seq in SIZES:
+        feeds = _feeds(model, batch, seq)
+        np.testing.assert_array_equal(compiled.run(feeds)[0], session.run(None, feeds)[0])

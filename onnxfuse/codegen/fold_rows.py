@@ -18,9 +18,11 @@ of its first output, and each buffer access either indexes a buffer's own two le
 (b, s) themselves or does not depend on b and s at all (weights, biases). Anything else (a
 Reshape that splits the hidden axis reads through flattened index arithmetic, a Transpose, a
 reduction over seq) leaves the group as it was. A group whose output block is a reduction (a
-GEMM without an epilogue) gets a copy block to write its output (_copied_out). Only groups whose two leading dims are both
-symbolic are folded: the runtime picks a kernel's small-batch variant (1-row tiles, for fewer
-than 8 rows) by the product of its symbolic dims, which is then the row count. Folding
+GEMM without an epilogue) gets a copy block to write its output (_copied_out). A group with a
+GEMM whose columns the schedule pads to whole vectors is not folded (schedule._pads_columns says
+why). Only groups whose two leading dims are both symbolic are folded: the runtime picks a
+kernel's small-batch variant (1-row tiles, for fewer than 8 rows) by the product of its symbolic
+dims, which is then the row count. Folding
 `[N, 8, 64]` (transformer_mlp) made that product 1 at batch 1 for 8 rows, and its GEMMs ran
 1-row tiles: 1.08x onnxruntime where the unfolded kernel (8 static rows per N) ran 1.35x.
 """
@@ -148,6 +150,7 @@ def _leading_dims(sch) -> tuple | None:
 
 
 def _is_reduction(block) -> bool:
+    """A block with a reduce axis (a GEMM's, a row sum's)."""
     return any(int(iv.iter_type) != SPATIAL for iv in block.iter_vars)
 
 

@@ -606,17 +606,11 @@ def pad_gemm_columns(sch, stats: ScheduleStats, registers: RegisterFile) -> None
     needs them)."""
     for block_rv in _blocks(sch):
         block = sch.get(block_rv)
-        if not _is_matrix_product(block):  # a padded row reduction computed wrong on 4-lane targets
-            continue
-        extents = [_static(iv.dom.extent) for iv in block.iter_vars]
-        cols, k = extents[-2], extents[-1]
-        if cols is None or k is None:
-            continue
-        padded = gemm_shapes.padded_columns(cols, k, _lanes(_block_dtype(block), registers))
+        padded = _padded_columns(block, registers)
         if padded is None:
             continue
         before = {sch.get(b).name_hint for b in _blocks(sch)}
-        factors = [1] * (len(extents) - 2) + [padded, 1]
+        factors = [1] * (len(block.iter_vars) - 2) + [padded, 1]
         if not _try(stats, f"pad columns {block.name_hint}", lambda: sch.pad_einsum(block_rv, factors)):
             continue
         for producer in sch.get_producers(block_rv):
@@ -624,6 +618,28 @@ def pad_gemm_columns(sch, stats: ScheduleStats, registers: RegisterFile) -> None
                 _try(stats, "keep the padded weight at the root", lambda: sch.annotate(producer, KEEP_AT_ROOT, 1))
         _try(stats, f"mark padded {block.name_hint}", lambda: sch.annotate(block_rv, PADDED_COLUMNS, padded))
         stats.gemm_columns_padded += 1
+
+
+def _pads_columns(func, registers: RegisterFile) -> bool:
+    """Whether pad_gemm_columns will pad a GEMM of `func`. Such a group is not folded
+    (fold_rows): pad_einsum needs the block's reads indexed by its own iteration variables, and
+    a folded block reads its [batch, seq] input at [r // seq, r % seq]; the padding refused, the
+    GEMM ran as scalar dot products (`[N, 16, 40] @ [40, 40]`), which LLVM summed in an order
+    of its own (202 of 5,120 elements off onnxruntime's by an ulp)."""
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    return any(_padded_columns(sch.get(block_rv), registers) is not None for block_rv in _blocks(sch))
+
+
+def _padded_columns(block, registers: RegisterFile) -> int | None:
+    """The padded column count of a GEMM block pad_gemm_columns pads, else None (not a matrix
+    product: a padded row reduction computed wrong on 4-lane targets)."""
+    if not _is_matrix_product(block):
+        return None
+    extents = [_static(iv.dom.extent) for iv in block.iter_vars]
+    cols, k = extents[-2], extents[-1]
+    if cols is None or k is None:
+        return None
+    return gemm_shapes.padded_columns(cols, k, _lanes(_block_dtype(block), registers))
 
 
 def widen_padded_gemms(sch):
@@ -952,7 +968,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     registers: the target's vector registers, which size the GEMM register tile and every vector
     loop (register_file)."""
     stats = ScheduleStats()
-    folded = fold_rows.fold_leading_dims(func)
+    folded = func if _pads_columns(func, registers) else fold_rows.fold_leading_dims(func)
     stats.folded_rows = folded is not func
     func = folded
     func = ieee_order.simplify(concat_blocks.split_by_source(func, lambda dtype: _lanes(dtype, registers)))
