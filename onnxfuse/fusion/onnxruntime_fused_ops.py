@@ -68,9 +68,9 @@ class FusedOp:
 
 def onnxruntime_fused_ops(model: onnx.ModelProto, path: str | os.PathLike | None = None) -> tuple[FusedOp, ...]:
     """The Gelu, BiasGelu, LayerNormalization and SkipLayerNormalization nodes onnxruntime's
-    optimizer (CPU, default level) writes in place of the model's ops, in every scope; () when the model has nothing
-    such a node could replace, or onnxruntime fails. `path`: the model's file, given to
-    onnxruntime instead of `model` (its external data beside it)."""
+    optimizer (CPU, default level) writes in place of the model's ops, in every scope; () when
+    the model has nothing such a node could replace, or onnxruntime fails. `path`: the model's
+    file, given to onnxruntime instead of `model` (its external data beside it)."""
     nodes = list(all_nodes(model.graph))
     if not {node.op_type for node in nodes} & WATCHED_OPS:
         return ()
