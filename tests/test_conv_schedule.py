@@ -12,7 +12,7 @@ from onnx_builder import model, node, weights
 from tvm import s_tir
 
 from onnxfuse import optimize
-from onnxfuse.codegen import conv_blocks, conv_schedule, relax_import, schedule
+from onnxfuse.codegen import conv_blocks, conv_schedule, relax_import, schedule, tir_walk
 from onnxfuse.codegen.register_file import AVX2, AVX512, NEON
 from onnxfuse.frontend.loader import load_model
 from onnxfuse.fusion.extract import extract_group
@@ -36,7 +36,7 @@ def _conv_block_of(source):
     (group,) = plan_fusion(graph).groups
     func = relax_import.import_group(extract_group(graph, group), "k").prim_func
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
-    conv = next(b for b in sch.get_child_blocks(sch.get_sblock("root")) if schedule._is_reduction(sch.get(b)))
+    conv = next(b for b in sch.get_child_blocks(sch.get_sblock("root")) if tir_walk.is_reduction(sch.get(b)))
     return sch, conv
 
 

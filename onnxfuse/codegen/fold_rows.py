@@ -149,11 +149,6 @@ def _leading_dims(sch) -> tuple | None:
     return leading
 
 
-def _is_reduction(block) -> bool:
-    """A block with a reduce axis (a GEMM's, a row sum's)."""
-    return any(int(iv.iter_type) != SPATIAL for iv in block.iter_vars)
-
-
 def _copied_out(sch) -> None:
     """A reduction that writes the group's output (a GEMM without epilogue) writes a folded
     intermediate instead, and a copy block writes the output: left to write the [batch, seq, ...]
@@ -161,7 +156,7 @@ def _copied_out(sch) -> None:
     spanned a bounding box of the tile's rows that crossed into other tiles' rows (garbage written
     there: a 3D MatMul -> Add -> MatMul chain came out wrong by 1e10)."""
     for block in list(sch.get_output_blocks(sch.get_sblock("root"))):
-        if _is_reduction(sch.get(block)):
+        if tir_walk.is_reduction(sch.get(block)):
             sch.cache_write(block, 0, "global")
 
 

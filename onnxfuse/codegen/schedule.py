@@ -100,10 +100,6 @@ def _blocks(sch):
     return list(sch.get_child_blocks(sch.get_sblock("root")))
 
 
-def _is_reduction(block) -> bool:
-    return any(int(iv.iter_type) == COMM_REDUCE for iv in block.iter_vars)
-
-
 def _lanes(dtype: str, registers: RegisterFile) -> int:
     """Elements of `dtype` in one vector register: vectorized loops are one register wide (wider
     vectors, split by LLVM, spilled in NEON's gate math and were no faster on AVX2), but for rows
@@ -143,7 +139,7 @@ def _copies_if_inlined(sch, block_rv, outputs) -> int | None:
     """How many copies of the block's expression inlining would leave in the program (the loads
     of its buffer in its current consumers), or None if it must stay a block."""
     block = sch.get(block_rv)
-    if block.name_hint in outputs or _is_reduction(block) or len(block.writes) != 1 or _kept_at_root(block):
+    if block.name_hint in outputs or tir_walk.is_reduction(block) or len(block.writes) != 1 or _kept_at_root(block):
         return None
     buffer = block.writes[0].source
     consumers = [sch.get(c) for c in sch.get_consumers(block_rv)]
@@ -620,33 +616,31 @@ def pad_gemm_columns(sch, stats: ScheduleStats, registers: RegisterFile) -> None
         stats.gemm_columns_padded += 1
 
 
-def _for_polynomial_epilogue(func, registers: RegisterFile) -> RegisterFile:
+def _for_polynomial_epilogue(blocks, registers: RegisterFile) -> RegisterFile:
     """`registers` with 4-row GEMM register tiles where a GEMM of exactly one register tile of
     columns (N = 64 floats on AVX-512) feeds a polynomial (Exp, Tanh, Sigmoid, Erf: multiply-adds
-    of broadcast constants). Its 6 x 4 tile holds 24 accumulators and leaves too few registers for
-    the polynomial's constants, which LLVM hoists out of the row-tile loop: 7 accumulators then went
-    through the stack on every step. [N, 64] @ [64, 64] -> Tanh ran 0.78-0.84x onnxruntime (6 rows)
-    and 1.21-1.31x (4 rows); -> Sigmoid from K = 128 0.65-0.69x and 1.10-1.15x (batch 1,024 and
-    16,000, one run each). Wider GEMMs (the recurrent cells' N = 192 to 384, column blocks
-    first) and narrower ones ran alike with either tile, and the cells lost 2-8% with 4 rows."""
+    of broadcast constants); `blocks`: the unscheduled function's. Its 6 x 4 tile holds 24
+    accumulators and leaves too few registers for the polynomial's constants, which LLVM hoists out
+    of the row-tile loop: 7 accumulators then went through the stack on every step.
+    [N, 64] @ [64, 64] -> Tanh ran 0.78-0.84x onnxruntime (6 rows) and 1.21-1.31x (4 rows);
+    -> Sigmoid from K = 128 0.65-0.69x and 1.10-1.15x (batch 1,024 and 16,000, one run each).
+    Wider GEMMs (the recurrent cells' N = 192 to 384, column blocks first) and narrower ones ran
+    alike with either tile, and the cells lost 2-8% with 4 rows."""
     if registers.gemm_rows <= 4:
         return registers
-    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
-    blocks = [sch.get(block_rv) for block_rv in _blocks(sch)]
-    lanes = registers.lanes(32)
-    one_tile = [b for b in blocks if _is_matrix_product(b) and _static(b.iter_vars[-2].dom.extent) == 4 * lanes]
-    polynomial = any("llvm.fmuladd" in str(b.body) for b in blocks if not _is_reduction(b))
-    return replace(registers, gemm_rows=4) if one_tile and polynomial else registers
+    one_tile = any(_is_matrix_product(b) and _static(b.iter_vars[-2].dom.extent) == 4 * _lanes(_block_dtype(b), registers)
+                   for b in blocks)
+    polynomial = one_tile and any("llvm.fmuladd" in str(b.body) for b in blocks if not tir_walk.is_reduction(b))
+    return replace(registers, gemm_rows=4) if polynomial else registers
 
 
-def _pads_columns(func, registers: RegisterFile) -> bool:
-    """Whether pad_gemm_columns will pad a GEMM of `func`. Such a group is not folded
-    (fold_rows): pad_einsum needs the block's reads indexed by its own iteration variables, and
-    a folded block reads its [batch, seq] input at [r // seq, r % seq]; the padding refused, the
-    GEMM ran as scalar dot products (`[N, 16, 40] @ [40, 40]`), which LLVM summed in an order
-    of its own (202 of 5,120 elements off onnxruntime's by an ulp)."""
-    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
-    return any(_padded_columns(sch.get(block_rv), registers) is not None for block_rv in _blocks(sch))
+def _pads_columns(blocks, registers: RegisterFile) -> bool:
+    """Whether pad_gemm_columns will pad a GEMM among `blocks` (the unscheduled function's). Such
+    a group is not folded (fold_rows): pad_einsum needs the block's reads indexed by its own
+    iteration variables, and a folded block reads its [batch, seq] input at [r // seq, r % seq];
+    the padding refused, the GEMM ran as scalar dot products (`[N, 16, 40] @ [40, 40]`), which
+    LLVM summed in an order of its own (202 of 5,120 elements off onnxruntime's by an ulp)."""
+    return any(_padded_columns(block, registers) is not None for block in blocks)
 
 
 def _padded_columns(block, registers: RegisterFile) -> int | None:
@@ -916,7 +910,7 @@ def factor_row_reductions(sch, stats: ScheduleStats, registers: RegisterFile) ->
     factored = []
     for block_rv in tir_walk.leaf_blocks(sch):
         block = sch.get(block_rv)
-        if not _is_reduction(block) or len(block.writes) > 1:
+        if not tir_walk.is_reduction(block) or len(block.writes) > 1:
             continue  # a reduction of several values (Welford's update, layer_norm.py) depends on its order
         loops = _own_loops(sch, block_rv)
         if len(loops) != len(block.iter_vars) or _loop_kinds(sch, block_rv, loops)[-1] != COMM_REDUCE:
@@ -967,7 +961,7 @@ def schedule_loop_nests(sch, stats: ScheduleStats, registers: RegisterFile, done
             continue  # a padded weight copy stays scalar: vectorized across its rows it gathers
         if conv_schedule.is_conv_window(sch, block_rv):
             continue  # its own loops (fused and split by the vector, its bounds test ran per element)
-        if _is_reduction(block):
+        if tir_walk.is_reduction(block):
             schedule_reduction(sch, stats, block_rv, registers)
         elif block.body is not None and hasattr(block.body, "value"):
             vectorize_elementwise(sch, stats, block_rv, registers, gemm_results, ragged_rows)
@@ -987,8 +981,10 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     registers: the target's vector registers, which size the GEMM register tile and every vector
     loop (register_file)."""
     stats = ScheduleStats()
-    registers = _for_polynomial_epilogue(func, registers)
-    folded = func if _pads_columns(func, registers) else fold_rows.fold_leading_dims(func)
+    unscheduled = s_tir.Schedule(tvm.IRModule({"main": func}))
+    blocks = [unscheduled.get(block_rv) for block_rv in _blocks(unscheduled)]
+    registers = _for_polynomial_epilogue(blocks, registers)
+    folded = func if _pads_columns(blocks, registers) else fold_rows.fold_leading_dims(func)
     stats.folded_rows = folded is not func
     func = folded
     func = ieee_order.simplify(concat_blocks.split_by_source(func, lambda dtype: _lanes(dtype, registers)))

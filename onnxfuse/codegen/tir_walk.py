@@ -129,6 +129,14 @@ def leaf_blocks(sch) -> list:
     return found
 
 
+COMM_REDUCE = 2  # IterVar.iter_type of a reduction axis
+
+
+def is_reduction(block) -> bool:
+    """Whether the block reduces (a GEMM, a row sum, Welford's update): it has a reduction axis."""
+    return any(int(iv.iter_type) == COMM_REDUCE for iv in block.iter_vars)
+
+
 def uses_var(expr, var) -> bool:
     """Whether `var` occurs in `expr` (a block's iter binding such as `ax0_0 * 8 + ax0`)."""
     stack = [expr]

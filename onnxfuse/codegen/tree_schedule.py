@@ -28,8 +28,6 @@ import tvm
 
 from . import tir_walk
 
-COMM_REDUCE = 2
-
 
 def is_gather_chain(sch) -> bool:
     """Whether some block loads at an index that loads a value the group computed and keeps (a
@@ -50,10 +48,6 @@ def _is_one_of(buffer, buffers) -> bool:
     return any(buffer.same_as(b) for b in buffers)
 
 
-def _is_reduction(block) -> bool:
-    return any(int(iv.iter_type) == COMM_REDUCE for iv in block.iter_vars)
-
-
 def _innermost_common_loop(sch, blocks):
     """The innermost loop enclosing every block in `blocks`, or None."""
     nests = [list(sch.get_loops(b)) for b in blocks]
@@ -70,7 +64,7 @@ def _move_into_consumers(sch, block_rv, receivers: set[str], outputs: set[str]) 
     """compute_at one block at the innermost loop around all its consumers, when that loop is
     deeper than the block's own position; records the consumers as receivers."""
     block = sch.get(block_rv)
-    if block.name_hint in receivers or block.name_hint in outputs or _is_reduction(block):
+    if block.name_hint in receivers or block.name_hint in outputs or tir_walk.is_reduction(block):
         return False
     consumers = list(sch.get_consumers(block_rv))
     if not consumers:
