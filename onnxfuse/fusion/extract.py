@@ -43,10 +43,11 @@ def extract_group(graph: Graph, group: FusedGroup) -> onnx.ModelProto:
             proto.input[1] = name
     produced_here = {out for node in members for out in node.outputs}
     fused_here = tuple(op for op in fused_ops if op.output in produced_here)
-    if fused_here:
-        here = {name for node in members for name in [*node.inputs, *node.outputs] if name}
-        fused_here = tuple(in_model_names(op, here, _constants_read(graph, members)) for op in fused_here)
     if fused_here:  # the model-wide lookups only for the groups that end such a chain
+        here = {name for node in members for name in [*node.inputs, *node.outputs] if name}
+        if any(name not in here for op in fused_here for name, _ in op.constants):  # digests only then
+            digests = _constants_read(graph, members)
+            fused_here = tuple(in_model_names(op, here, digests) for op in fused_here)
         protos, constants = as_onnxruntime_computes(protos, group.outputs, fused_here, _adds(graph),
                                                     _float32_values(graph), graph.opsets.get("", 17))
         initializers.update((c.name, c) for c in constants)

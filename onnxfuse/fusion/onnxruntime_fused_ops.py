@@ -82,10 +82,10 @@ def onnxruntime_fused_ops(model: onnx.ModelProto, path: str | os.PathLike | None
     initializers = {tensor.name: tensor for tensor in optimized.graph.initializer if not tensor.external_data}
     fused = []
     for node in all_nodes(optimized.graph):
-        gelu = node.domain == "com.microsoft" and node.op_type in GELUS
+        gelu = node.domain == CONTRIB_DOMAIN and node.op_type in GELUS
         layer_norm = (node.domain in ("", "ai.onnx") and node.op_type == LAYER_NORM
                       and node.output[0] not in own_layer_norms)
-        skip_layer_norm = node.domain == "com.microsoft" and node.op_type == SKIP_LAYER_NORM
+        skip_layer_norm = node.domain == CONTRIB_DOMAIN and node.op_type == SKIP_LAYER_NORM
         if (gelu or layer_norm or skip_layer_norm) and node.input and len(node.output) >= 1:
             constants = tuple((name, content_digest(initializers[name])) for name in node.input if name in initializers)
             fused.append(FusedOp(node.op_type, tuple(node.input), node.output[0], tuple(node.attribute), constants))
