@@ -17,14 +17,15 @@ A group is folded only when each of its blocks iterates first over exactly the t
 of its first output, and each buffer access either indexes a buffer's own two leading dims by
 (b, s) themselves or does not depend on b and s at all (weights, biases). Anything else (a
 Reshape that splits the hidden axis reads through flattened index arithmetic, a Transpose, a
-reduction over seq) leaves the group as it was. A group whose output block is a reduction (a
-GEMM without an epilogue) gets a copy block to write its output (_copied_out). A group with a
-GEMM whose columns the schedule pads to whole vectors is not folded (schedule._pads_columns says
-why). Only groups whose two leading dims are both symbolic are folded: the runtime picks a
-kernel's small-batch variant (1-row tiles, for fewer than 8 rows) by the product of its symbolic
-dims, which is then the row count. Folding
-`[N, 8, 64]` (transformer_mlp) made that product 1 at batch 1 for 8 rows, and its GEMMs ran
-1-row tiles: 1.08x onnxruntime where the unfolded kernel (8 static rows per N) ran 1.35x.
+reduction over seq) leaves the group as it was; blocks over no row-indexed buffer (a padded
+weight copy) are left out of the fold. A group whose output block is a reduction (a GEMM without
+an epilogue) gets a copy block to write its output (_copied_out). A GEMM whose columns the
+schedule pads to whole vectors is padded before the fold (schedule._padded_then_folded says why).
+Only groups whose two leading dims are both symbolic are folded: the runtime picks a kernel's
+small-batch variant (1-row tiles, for fewer than 8 rows) by the product of its symbolic dims,
+which is then the row count. Folding `[N, 8, 64]` (transformer_mlp) made that product 1 at
+batch 1 for 8 rows, and its GEMMs ran 1-row tiles: 1.08x onnxruntime where the unfolded kernel
+(8 static rows per N) ran 1.35x.
 """
 
 from __future__ import annotations
@@ -143,10 +144,19 @@ def _leading_dims(sch) -> tuple | None:
     leading = shape[:2]
     if any(isinstance(getattr(d, "value", None), int) for d in leading):
         return None
-    blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
+    blocks = [block for block in sch.get_child_blocks(sch.get_sblock("root")) if not _rowless(sch.get(block), leading)]
     if not blocks or not all(_foldable_block(sch.get(block), leading) for block in blocks):
         return None
     return leading
+
+
+def _rowless(block, leading) -> bool:
+    """Whether the block touches no buffer over the rows (a GEMM's weight copied into columns
+    padded to whole vectors, schedule.pad_gemm_columns): folding leaves it as it is."""
+    def over_rows(region) -> bool:
+        shape = list(region.source.shape)
+        return len(shape) >= 2 and _same(shape[0], leading[0]) and _same(shape[1], leading[1])
+    return not any(over_rows(region) for region in [*block.reads, *block.writes])
 
 
 def _copied_out(sch) -> None:
@@ -177,7 +187,7 @@ def _folded(sch, leading) -> tvm.tirx.PrimFunc:
     seq = leading[1]
     _copied_out(sch)
     params = {p.name for p in sch.mod["main"].params}
-    blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
+    blocks = [block for block in sch.get_child_blocks(sch.get_sblock("root")) if not _rowless(sch.get(block), leading)]
     for block in blocks:
         for index, region in enumerate(sch.get(block).writes):
             shape = list(region.source.shape)
