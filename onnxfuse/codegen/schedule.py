@@ -67,6 +67,7 @@ class ScheduleStats:
     epilogues_per_tile: int = 0  # GEMM readers run per register tile (epilogue_per_register_tile)
     column_blocks_first: int = 0  # GEMMs whose column blocks run outside the row blocks (_tile_loop_order)
     unpredicated_blocks: int = 0  # blocks the ragged last tile runs whole (clamped_tail)
+    vector_tails: int = 0  # rows run as whole vectors and a narrower tail (vectorize_with_tail)
     parallel: bool = False
     tile_rows: int = 0
     gemm_sized_tiles: bool = False  # row tiles of a GEMM group's size (gemm_tile_rows): a small batch is all tail
@@ -468,6 +469,9 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
         trailing = trailing[1:]
     innermost = _static(sch.get(trailing[-1]).extent)
     if innermost % lanes and (_reads_per_row(block) or _reads_rows_of_another_width(block, gemm_results)):
+        if innermost > lanes:
+            vectorize_with_tail(sch, stats, trailing[-1], innermost, lanes)
+            return
         trailing, lanes = trailing[-1:], _row_lanes(innermost, lanes)
         if not lanes:
             return
@@ -492,6 +496,30 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
         return  # a ragged tail would put a predicate inside the vector loop
     if _try(stats, f"vectorize {name}", lambda: sch.vectorize(fused)):
         stats.vectorized += 1
+
+
+def vectorize_with_tail(sch, stats: ScheduleStats, loop, extent: int, lanes: int) -> None:
+    """A row of `extent` elements, no multiple of `lanes`, as whole vectors and a narrower tail
+    (loop_partition: one loop of full vectors, one of the rest), rather than in vectors of a width
+    that divides the row: 40 floats are 2 x 16 + 8 lanes, not 5 x 8."""
+    holder = {}
+    whole = extent - extent % lanes
+    if not _try(stats, "partition tail", lambda: holder.update(parts=sch.loop_partition(loop, [whole, None]))):
+        return
+    head, tail = holder["parts"]
+    if _try(stats, "split whole vectors", lambda: holder.update(split=sch.split(head, [None, lanes]))):
+        if _try(stats, "vectorize whole vectors", lambda: sch.vectorize(holder["split"][1])):
+            stats.vectorized += 1
+    tail_lanes = _row_lanes(extent - whole, lanes)
+    if not tail_lanes:
+        return
+    if extent - whole > tail_lanes:
+        if not _try(stats, "split tail", lambda: holder.update(tail=sch.split(tail, [None, tail_lanes])[1])):
+            return
+        tail = holder["tail"]
+    if _try(stats, "vectorize tail", lambda: sch.vectorize(tail)):
+        stats.vectorized += 1
+        stats.vector_tails += 1
 
 
 def _selects_by_position(block, lanes: int) -> bool:
