@@ -469,7 +469,7 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
         trailing = trailing[1:]
     innermost = _static(sch.get(trailing[-1]).extent)
     if innermost % lanes and (_reads_per_row(block) or _reads_rows_of_another_width(block, gemm_results)):
-        if innermost > lanes:
+        if innermost > lanes and not _binds_values(block):
             vectorize_with_tail(sch, stats, trailing[-1], innermost, lanes)
             return
         trailing, lanes = trailing[-1:], _row_lanes(innermost, lanes)
@@ -520,6 +520,13 @@ def vectorize_with_tail(sch, stats: ScheduleStats, loop, extent: int, lanes: int
     if _try(stats, "vectorize tail", lambda: sch.vectorize(tail)):
         stats.vectorized += 1
         stats.vector_tails += 1
+
+
+def _binds_values(block) -> bool:
+    """Whether the block's value binds a variable (a Let: sigmoid_clamp's ratio). loop_partition
+    copies the block, and two copies defining one variable make the function ill-formed."""
+    return any(isinstance(node, tvm.tirx.Let) for expr in tir_walk.store_value_exprs(block)
+               for node in tir_walk.iter_nodes(expr))
 
 
 def _selects_by_position(block, lanes: int) -> bool:
