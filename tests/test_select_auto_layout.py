@@ -112,6 +112,35 @@ def test_a_product_with_symbolic_columns_and_its_elementwise_chain_stay_with_onn
     assert [g.op_types for g in plan.groups] == [("MatMul", "Relu")] and not reasons
 
 
+def _dense(k: int, n: int, gemm: bool = False):
+    product = node("Gemm", ["X", "W"], "g", transB=1) if gemm else node("MatMul", ["X", "W"], "g")
+    return model([product, node("Add", ["g", "b"], "z"), node("Relu", ["z"], "Y")],
+                 {"X": ["N", k]}, {"Y": ["N", n]},
+                 {"W": weights(n, k) if gemm else weights(k, n), "b": weights(n, seed=1)})
+
+
+def test_a_product_whose_columns_cannot_be_whole_vectors_stays_with_onnxruntime(tmp_path):
+    """[N, 100] @ [100, 100]: 100 columns are no whole vectors and a 100 x 112 padded weight is
+    too large to copy on every call, so the GEMM would get no register tile (0.03x onnxruntime
+    at batch 64). Whole vectors (64) or a weight small enough to pad (the seed gate's 10 x 30,
+    40 x 40) still fuse; a Gemm's transposed weight gives its K from its second axis."""
+    for k, n, gemm in ((100, 100, False), (128, 200, False), (512, 10, False), (100, 100, True)):
+        plan, reasons = plan_of(save(tmp_path, _dense(k, n, gemm), f"d{k}_{n}_{gemm}.onnx"))
+        assert not plan.groups, (k, n, gemm)
+        assert all("fill no whole vectors" in reasons[op] for op in ("Gemm" if gemm else "MatMul", "Add", "Relu"))
+    for k, n, gemm in ((100, 64, False), (10, 30, False), (40, 40, True), (256, 384, False)):
+        plan, reasons = plan_of(save(tmp_path, _dense(k, n, gemm), f"d{k}_{n}_{gemm}.onnx"))
+        assert len(plan.groups) == 1 and not reasons, (k, n, gemm)
+
+
+def test_a_product_left_for_its_columns_matches_onnxruntime(tmp_path, cache):
+    source = save(tmp_path, _dense(100, 100))
+    result = onnxfuse.optimize(source, tmp_path / "out.onnx", cache_dir=cache)
+    x = {"X": np.random.default_rng(2).standard_normal((37, 100)).astype(np.float32)}
+    assert result.report["groups_total"] == 0
+    assert_outputs_match(*run_both(source, result.model_path, x))
+
+
 def test_a_large_matrix_vector_product_and_its_activation_stay_with_onnxruntime(tmp_path):
     """One static row over 4M weights (alexnet's fully connected layers), with the Relu after it."""
     fc = model([node("Gemm", ["X", "W"], "g", transB=1), node("Relu", ["g"], "Y")],

@@ -37,6 +37,10 @@ One more kind of node stays with onnxruntime for how our schedule handles it, no
   loop. bert_tiny_2l_ts's score groups (MatMul, Mul) took 0.61x and 0.74x of onnxruntime's time
   at batch 64 (1 thread), and the model ran at 0.91-0.96x at batch 1 and 64.
 
+- a MatMul or Gemm whose static columns fill no whole vectors and whose weight is too large to
+  pad on every call (has_untiled_columns), with its elementwise chain: the product gets no
+  register tile and runs scalar dot products, 30-50x slower than onnxruntime's at batch 64.
+
 - a matrix-vector product (a MatMul or Gemm with one static output row) over more than
   GEMV_WEIGHT_LIMIT elements in an operand, with its elementwise chain: memory-bound, where onnxruntime's GEMV
   streams the weights faster. The fully connected layers of light_bvlc_alexnet ([1, 9216] @
@@ -56,6 +60,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..codegen import gemm_shapes
 from ..fusion.plan import FusedGroup
 from ..ir import Graph, Node
 from ..ops import OpKind, op_info, uncompetitive_ops
@@ -105,6 +110,11 @@ def leave_to_onnxruntime(graph: Graph) -> dict[int, str]:
             for index in [node.index, *(n.index for n in _elementwise_chain(graph, node))]:
                 reasons[index] = ("auto: a matrix product with symbolic columns (e.g. attention scores), or its "
                                   "elementwise epilogue: our GEMM schedule needs static columns, onnxruntime's is faster")
+        if has_untiled_columns(graph, node):
+            for index in [node.index, *(n.index for n in _elementwise_chain(graph, node))]:
+                reasons[index] = ("auto: a matrix product whose columns fill no whole vectors and whose weight is too "
+                                  "large to pad on every call, or its elementwise epilogue: our GEMM schedule "
+                                  "would run scalar dot products, onnxruntime's is many times faster")
         if has_batch_last_layout(graph, node):
             reasons[node.index] = ("auto: its output holds the batch in the last axis (batch-last layout, e.g. W @ X^T): "
                                    "our schedule strides every access by the batch there, onnxruntime is many times "
@@ -204,6 +214,31 @@ def has_symbolic_columns(graph: Graph, node: Node) -> bool:
         return False
     shape = graph.value(node.outputs[0]).shape
     return bool(shape) and len(shape) >= 2 and not isinstance(shape[-1], int)
+
+
+WIDEST_LANES = 16
+"""float32 lanes of the widest vector any level has (AVX-512): columns in multiples of this are
+whole vectors on every level."""
+
+
+def has_untiled_columns(graph: Graph, node: Node) -> bool:
+    """A MatMul or Gemm whose static columns are no multiple of WIDEST_LANES and that the schedule
+    cannot pad to whole vectors (gemm_shapes.padded_columns: the padded weight is copied on every
+    call, so only small weights are; or K is symbolic). It gets no register tile: its dot
+    products run scalar, along the weight's columns. Default output, 1 thread, against
+    onnxruntime at batch 1 / 64 / 1,000: [N, 100] @ [100, 100] + bias + Relu 0.36x / 0.03x / 0.02x,
+    [N, 128] @ [128, 200] 0.20x / 0.03x / 0.02x, [N, 512] @ [512, 10] 1.03x / 0.28x / 0.27x."""
+    if node.op_type not in MATRIX_PRODUCTS or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2 \
+            or not node.outputs:
+        return False
+    out, weight = graph.value(node.outputs[0]).shape, graph.value(node.inputs[1]).shape
+    if not out or len(out) < 2 or not isinstance(out[-1], int) or out[-1] % WIDEST_LANES == 0:
+        return False
+    if not weight or len(weight) < 2:
+        return True
+    transposed = node.op_type == "Gemm" and node.attributes.get("transB", 0)
+    k = weight[-1] if transposed else weight[-2]
+    return not isinstance(k, int) or gemm_shapes.padded_columns(out[-1], k, WIDEST_LANES) is None
 
 
 def _elementwise_chain(graph: Graph, node: Node) -> list[Node]:
