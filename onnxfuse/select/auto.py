@@ -38,8 +38,10 @@ One more kind of node stays with onnxruntime for how our schedule handles it, no
   at batch 64 (1 thread), and the model ran at 0.91-0.96x at batch 1 and 64.
 
 - a MatMul or Gemm whose static columns fill no whole vectors and whose weight is too large to
-  pad on every call (has_untiled_columns), with its elementwise chain: the product gets no
-  register tile and runs scalar dot products, 30-50x slower than onnxruntime's at batch 64.
+  pad on every call (has_untiled_columns), with the elementwise ops after it: the product gets
+  no register tile and runs scalar dot products, 30-50x slower than onnxruntime's at batch 64.
+  Not only its one-reader chain: a GELU after it (`z / sqrt(2) -> Erf -> + 1 -> * z -> * 0.5`
+  reads z twice) left as a kernel of its own ran 0.42-0.50x of onnxruntime's BiasGelu at batch 1.
 
 - a matrix-vector product (a MatMul or Gemm with one static output row) over more than
   GEMV_WEIGHT_LIMIT elements in an operand, with its elementwise chain: memory-bound, where onnxruntime's GEMV
@@ -111,7 +113,7 @@ def leave_to_onnxruntime(graph: Graph) -> dict[int, str]:
                 reasons[index] = ("auto: a matrix product with symbolic columns (e.g. attention scores), or its "
                                   "elementwise epilogue: our GEMM schedule needs static columns, onnxruntime's is faster")
         if has_untiled_columns(graph, node):
-            for index in [node.index, *(n.index for n in _elementwise_chain(graph, node))]:
+            for index in [node.index, *sorted(_elementwise_reach(graph, {node.index}, graph.successors))]:
                 reasons[index] = ("auto: a matrix product whose columns fill no whole vectors and whose weight is too "
                                   "large to pad on every call, or its elementwise epilogue: our GEMM schedule "
                                   "would run scalar dot products, onnxruntime's is many times faster")
