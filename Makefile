@@ -57,7 +57,7 @@ clean:
 # Benchmarks (benchmarks/run.py): tables on stdout, JSON + markdown in benchmarks/results/.
 # bench-corpus times the exported corpus (benchmarks/corpus.py --time, docs/corpus.md);
 # corpus-check only optimizes and verifies it (exit 1 on a mismatch).
-.PHONY: bench-recurrent bench-trees bench-cells bench-repeat bench-corpus corpus-check bench-install bench-peers bench-default
+.PHONY: bench-recurrent bench-trees bench-cells bench-repeat bench-corpus corpus-check bench-install bench-peers bench-default bench-dense
 bench: install bench-install bench-corpus
 	$(BIN)/python benchmarks/run.py models
 	$(BIN)/python benchmarks/run.py repeat
@@ -82,6 +82,10 @@ corpus-check: install
 # The default output against onnxruntime on every bundled, corpus and light model (docs/selection.md).
 bench-default: install
 	$(BIN)/python benchmarks/default_sweep.py
+
+# Dense layers of many K x N (MLP shapes the bundled models lack) under the default (docs/benchmarks.md).
+bench-dense: install
+	$(BIN)/python benchmarks/dense_layers.py
 
 bench-trees: install
 	$(BIN)/python benchmarks/run.py trees
