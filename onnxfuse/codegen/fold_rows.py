@@ -144,10 +144,15 @@ def _leading_dims(sch) -> tuple | None:
     leading = shape[:2]
     if any(isinstance(getattr(d, "value", None), int) for d in leading):
         return None
-    blocks = [block for block in sch.get_child_blocks(sch.get_sblock("root")) if not _rowless(sch.get(block), leading)]
+    blocks = _row_blocks(sch, leading)
     if not blocks or not all(_foldable_block(sch.get(block), leading) for block in blocks):
         return None
     return leading
+
+
+def _row_blocks(sch, leading) -> list:
+    """The root's blocks that the fold re-indexes: all but the rowless ones."""
+    return [block for block in sch.get_child_blocks(sch.get_sblock("root")) if not _rowless(sch.get(block), leading)]
 
 
 def _rowless(block, leading) -> bool:
@@ -187,7 +192,7 @@ def _folded(sch, leading) -> tvm.tirx.PrimFunc:
     seq = leading[1]
     _copied_out(sch)
     params = {p.name for p in sch.mod["main"].params}
-    blocks = [block for block in sch.get_child_blocks(sch.get_sblock("root")) if not _rowless(sch.get(block), leading)]
+    blocks = _row_blocks(sch, leading)
     for block in blocks:
         for index, region in enumerate(sch.get(block).writes):
             shape = list(region.source.shape)

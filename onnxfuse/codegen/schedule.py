@@ -685,13 +685,17 @@ def _padded_then_folded(func, stats: ScheduleStats, registers: RegisterFile):
     in an order of its own (202 of 5,120 elements an ulp off onnxruntime's); not folded, its
     register tile ran along the symbolic seq loop one row at a time (0.48x onnxruntime at batch
     64 x seq 16, with Tanh after it)."""
-    func = ieee_order.simplify(concat_blocks.split_by_source(func, lambda dtype: _lanes(dtype, registers)))
-    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    sch = s_tir.Schedule(tvm.IRModule({"main": _concats_split(func, registers)}))
     pad_gemm_columns(sch, stats, registers)
     padded = sch.mod["main"]
     folded = fold_rows.fold_leading_dims(padded)
     stats.folded_rows = folded is not padded
     return folded
+
+
+def _concats_split(func, registers: RegisterFile):
+    """`func` with each Concat block split where its sources meet (concat_blocks), simplified."""
+    return ieee_order.simplify(concat_blocks.split_by_source(func, lambda dtype: _lanes(dtype, registers)))
 
 
 def _padded_columns(block, registers: RegisterFile) -> int | None:
@@ -1040,7 +1044,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     else:
         folded = fold_rows.fold_leading_dims(func)
         stats.folded_rows = folded is not func
-        func = ieee_order.simplify(concat_blocks.split_by_source(folded, lambda dtype: _lanes(dtype, registers)))
+        func = _concats_split(folded, registers)
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     stats.blocks = len(_blocks(sch))
     stats.row_work = row_work(sch)

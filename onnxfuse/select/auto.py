@@ -142,9 +142,10 @@ def leave_to_onnxruntime(graph: Graph) -> dict[int, str]:
     return reasons
 
 
-CONV_WIDTH_MULTIPLE = 16
-"""Output widths that are a multiple of this fill whole vectors on every level (AVX-512's 16
-lanes, AVX2's 8, SSE's and NEON's 4), which codegen/conv_schedule needs."""
+WHOLE_VECTORS = 16
+"""float32 widths that are a multiple of this fill whole vectors on every level (AVX-512's 16
+lanes, AVX2's 8, SSE's and NEON's 4): what codegen/conv_schedule needs of a convolution's output
+width, and a GEMM's columns for a register tile without padding."""
 MAX_CONV_INPUT_CHANNELS = 16
 MAX_CONV_OUTPUT_CHANNELS = 32
 
@@ -182,7 +183,7 @@ def is_competitive_conv(graph: Graph, node: Node) -> bool:
     if not all(isinstance(d, int) for d in weights.shape) or not isinstance(out.shape[3], int):
         return False
     out_channels, in_channels, height, width = weights.shape
-    return (out.shape[3] % CONV_WIDTH_MULTIPLE == 0 and height * width > 1
+    return (out.shape[3] % WHOLE_VECTORS == 0 and height * width > 1
             and in_channels <= MAX_CONV_INPUT_CHANNELS and out_channels <= MAX_CONV_OUTPUT_CHANNELS)
 
 
@@ -218,13 +219,8 @@ def has_symbolic_columns(graph: Graph, node: Node) -> bool:
     return bool(shape) and len(shape) >= 2 and not isinstance(shape[-1], int)
 
 
-WIDEST_LANES = 16
-"""float32 lanes of the widest vector any level has (AVX-512): columns in multiples of this are
-whole vectors on every level."""
-
-
 def has_untiled_columns(graph: Graph, node: Node) -> bool:
-    """A MatMul or Gemm whose static columns are no multiple of WIDEST_LANES and that the schedule
+    """A MatMul or Gemm whose static columns are no multiple of WHOLE_VECTORS and that the schedule
     cannot pad to whole vectors (gemm_shapes.padded_columns: the padded weight is copied on every
     call, so only small weights are; or K is symbolic). It gets no register tile: its dot
     products run scalar, along the weight's columns. Default output, 1 thread, against
@@ -234,13 +230,13 @@ def has_untiled_columns(graph: Graph, node: Node) -> bool:
             or not node.outputs:
         return False
     out, weight = graph.value(node.outputs[0]).shape, graph.value(node.inputs[1]).shape
-    if not out or len(out) < 2 or not isinstance(out[-1], int) or out[-1] % WIDEST_LANES == 0:
+    if not out or len(out) < 2 or not isinstance(out[-1], int) or out[-1] % WHOLE_VECTORS == 0:
         return False
     if not weight or len(weight) < 2:
         return True
     transposed = node.op_type == "Gemm" and node.attributes.get("transB", 0)
     k = weight[-1] if transposed else weight[-2]
-    return not isinstance(k, int) or gemm_shapes.padded_columns(out[-1], k, WIDEST_LANES) is None
+    return not isinstance(k, int) or gemm_shapes.padded_columns(out[-1], k, WHOLE_VECTORS) is None
 
 
 def _elementwise_chain(graph: Graph, node: Node) -> list[Node]:
