@@ -668,7 +668,7 @@ def _for_polynomial_epilogue(blocks, registers: RegisterFile) -> RegisterFile:
         return registers
     one_tile = any(_is_matrix_product(b) and _static(b.iter_vars[-2].dom.extent) == 4 * _lanes(_block_dtype(b), registers)
                    for b in blocks)
-    polynomial = one_tile and any("llvm.fmuladd" in str(b.body) for b in blocks if not tir_walk.is_reduction(b))
+    polynomial = one_tile and any(_computes_polynomial(b) for b in blocks if not tir_walk.is_reduction(b))
     return replace(registers, gemm_rows=4) if polynomial else registers
 
 
@@ -782,7 +782,10 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile
         if _try(stats, f"reverse_compute_at {name}",
                 lambda: sch.reverse_compute_at(writeback, tile, preserve_unit_loops=True)):
             vectorize_elementwise(sch, stats, writeback, registers)
-            epilogue_per_register_tile(sch, stats, writeback, tile)
+            chain = PADDED_COLUMNS not in block.annotations and cols > lanes and not _other_products(sch, block)
+            column_blocks = cols // (vectors * lanes)
+            epilogue_per_register_tile(sch, stats, writeback, tile, chain=chain,
+                                       polynomials=column_blocks <= POLYNOMIAL_CHAIN_COLUMN_BLOCKS)
     stats.reductions_scheduled += 1
     stats.register_tiles += 1
     if _try(stats, f"vectorize {name}", lambda: sch.vectorize(col_parts[2])):
@@ -808,46 +811,80 @@ def _tile_loop_order(leading: list, row_blocks, column_blocks) -> list:
     return [*leading, row_blocks, column_blocks] if leading else [column_blocks, row_blocks]
 
 
-def epilogue_per_register_tile(sch, stats: ScheduleStats, writeback, tile_loop):
-    """The GEMM result's one reader (a bias Add, a head Transpose) runs right after each register
-    tile is written back, on the rows x columns just stored, instead of over the whole row tile
-    once all its column blocks are done: the few KB just stored are re-read at once, from L1
-    (a row tile of a [N, 16, 64] projection is 32 KB, all of the AMD VM's L1). Measured, paired rounds
-    against onnxruntime: MatMul + Add by [64, 64] weights on [N, 16, 64] 1.18x -> 1.30x at batch
-    64, 1.26x -> 1.84x at 1,000; the GRU cell (row tiles of 6 KB) 1.33x -> 1.40x at 64. A reader
-    of several GEMM results or of other column blocks (a gate cell's Split parts) needs more than
-    one tile: TVM refuses the move, so such readers are not tried (_reads_its_tile_only)."""
-    consumers = sch.get_consumers(writeback)
-    if len(consumers) != 1 or not _reads_its_tile_only(sch, consumers[0], writeback):
-        return None
-    name = sch.get(consumers[0]).name_hint
-    if _try(stats, f"epilogue per register tile {name}",
-            lambda: sch.reverse_compute_at(consumers[0], tile_loop, preserve_unit_loops=True)):
+POLYNOMIAL_CHAIN_COLUMN_BLOCKS = 2  # see epilogue_per_register_tile
+
+
+def _computes_polynomial(block) -> bool:
+    """Whether the block evaluates a polynomial (Exp, Tanh, Sigmoid, Erf: multiply-adds of
+    broadcast constants, which hold vector registers wherever the block runs)."""
+    return "llvm.fmuladd" in str(block.body)
+
+
+def epilogue_per_register_tile(sch, stats: ScheduleStats, writeback, tile_loop, chain: bool = True,
+                               polynomials: bool = True) -> None:
+    """The elementwise ops after a GEMM (its bias Add, an activation, a head Transpose) run right
+    after each register tile is written back, on the rows x columns just stored, instead of over
+    the whole row tile once all its column blocks are done: the few KB just stored are re-read
+    at once, from L1. An op follows when it reads the tile's results (the write-back's and those
+    of the ops moved before it) at one place each and otherwise the kernel's inputs: a bias Add,
+    then a GELU's Div, then the Mul that reads both. A reader of several column blocks (a gate
+    cell's Split parts) needs more than one tile: TVM refuses the move.
+
+    Measured, paired rounds against onnxruntime: MatMul + Add by [64, 64] weights on [N, 16, 64]
+    1.18x -> 1.30x at batch 64, 1.26x -> 1.84x at 1,000 (the bias per tile); the GRU cell 1.33x
+    -> 1.40x at 64; conv_block's bias, residual Add and Relu 1.32x -> 1.47x at 64, 1.20x -> 1.44x
+    at 1,000. With the bias alone per tile and the activation once per row tile, LLVM kept 8 of
+    the second column block's 24 accumulators on the stack: `[N, 784] @ [784, 128] + b -> Tanh`
+    ran 0.75x onnxruntime at batch 64, 1.02x with the chain (GELU 0.48x -> 0.94x).
+
+    chain=False moves the first reader only. schedule_matmul asks for that where the GEMM's
+    columns are padded (pad_gemm_columns: its readers are predicated on the real columns, and
+    with a second one per tile the x86-64-v3 build of `[N, 16, 128] @ [128, 20] -> Relu` failed
+    in TVM, "mismatched types. int32 vs. int64"), where they fill one vector (4 x 1-vector tiles:
+    `[N, 16] @ [16, 16] -> Relu` at 1,000 rows 1.24x -> 1.07x with the chain) and where the
+    kernel has another matrix product (BERT's FFN, its GELU per tile of the first GEMM: the
+    exported bert_tiny_2l_ts 1.62-1.69x -> 1.44-1.54x at batch 1; not understood). polynomials=
+    False keeps a polynomial (Tanh, Sigmoid, a GELU's Erf) out of the chain after the first
+    reader: past POLYNOMIAL_CHAIN_COLUMN_BLOCKS column blocks the polynomial per tile shares the
+    column-block loop with the next block's k loop, and `[N, 256] @ [256, 384]` + GELU (6 blocks)
+    lost 2-4%."""
+    results = [sch.get(writeback).writes[0].source]
+    moved = [writeback]
+    while True:
+        moved_names = {sch.get(b).name_hint for b in moved}
+        consumers = {sch.get(c).name_hint for b in moved for c in sch.get_consumers(b)} - moved_names
+        reader = next((c for c in _blocks(sch)  # in program order: a reader after what it reads
+                       if sch.get(c).name_hint in consumers and _reads_tile_results_only(sch, c, results)
+                       and (polynomials or len(moved) == 1 or not _computes_polynomial(sch.get(c)))), None)
+        if reader is None:
+            return
+        name = sch.get(reader).name_hint
+        if not _try(stats, f"epilogue per register tile {name}",
+                    lambda: sch.reverse_compute_at(reader, tile_loop, preserve_unit_loops=True)):
+            return
         stats.epilogues_per_tile += 1
-        return consumers[0]
-    return None
+        if not chain:
+            return
+        moved.append(reader)
+        results.append(sch.get(reader).writes[0].source)
 
 
-def epilogue_chain_per_register_tile(sch, stats: ScheduleStats, writeback, tile_loop) -> None:
-    """epilogue_per_register_tile along a chain: each moved reader's own one reader follows it.
-    A convolution's bias, residual Add and Relu then run on each register tile just written,
-    from L1, instead of as passes over the whole image (conv_block, paired rounds against
-    onnxruntime: 1.32x -> 1.47x at batch 64, 1.20x -> 1.44x at 1,000)."""
-    while writeback is not None:
-        writeback = epilogue_per_register_tile(sch, stats, writeback, tile_loop)
+def _other_products(sch, block) -> bool:
+    """Whether the kernel has a matrix product besides `block`'s."""
+    return any(_is_matrix_product(sch.get(b)) and sch.get(b).name_hint != block.name_hint for b in _blocks(sch))
 
 
-def _reads_its_tile_only(sch, reader_rv, writeback_rv) -> bool:
-    """The reader stores one value that loads the GEMM's result at one place (however often) and
-    otherwise reads the kernel's inputs only: what one register tile's results can compute."""
-    reader, result = sch.get(reader_rv), sch.get(writeback_rv).writes[0].source
+def _reads_tile_results_only(sch, reader_rv, results) -> bool:
+    """The reader stores one value that loads the tile's results (`results`, buffers) at one
+    place (however often) and otherwise reads the kernel's inputs only."""
+    reader = sch.get(reader_rv)
     value = getattr(reader.body, "value", None)
     if reader.init is not None or value is None:
         return False
     inputs = _kernel_params(sch)
     places = []
     for load in tir_walk.iter_loads(value):
-        if load.source.same_as(result):
+        if any(load.source.same_as(buffer) for buffer in results):
             places.append(load.indices)
         elif load.source.name not in inputs:
             return False
@@ -898,7 +935,7 @@ def schedule_reduction(sch, stats: ScheduleStats, block_rv, registers: RegisterF
         stats.reductions_scheduled += 1
         stats.register_tiles += 1
         if tile.writeback is not None:
-            epilogue_chain_per_register_tile(sch, stats, tile.writeback, tile.loop)
+            epilogue_per_register_tile(sch, stats, tile.writeback, tile.loop)
         return
     if _is_matmul_like(block) and schedule_matmul(sch, stats, block_rv, registers):
         return
