@@ -16,6 +16,7 @@ from __future__ import annotations
 from .register_file import RegisterFile
 
 NARROW_ROWS = 4  # rows of a register tile whose columns do not fill it (the seed gate's 2 vectors)
+SINGLE_VECTOR_ROWS = 8  # rows of a register tile of a GEMM whose columns are one vector (see register_tile)
 PAD_MAX_WEIGHT_ELEMENTS = 4096  # pad N only for weights up to 64 x 64: the padded copy is made every call
 
 
@@ -42,7 +43,8 @@ def register_tile(row_extent: int | None, col_vectors: int, registers: RegisterF
 
     Several rows share their weight vectors: at most an eighth of the registers of them (4 on 32
     registers, 2 on AVX2's 16), and up to registers.gemm_rows rows when the columns fill those
-    vectors, else NARROW_ROWS (rows first, since each broadcast feeds a whole row of FMAs). With
+    vectors, SINGLE_VECTOR_ROWS when the columns are one vector, else NARROW_ROWS (rows first,
+    since each broadcast feeds a whole row of FMAs). With
     the weight vectors and the broadcast (an FMA operand straight from memory on AVX-512) beside
     them, LLVM spills nothing. A single row
     (batch 1, a GEMV) reuses no weight vector across rows, so half the registers become column
@@ -53,13 +55,21 @@ def register_tile(row_extent: int | None, col_vectors: int, registers: RegisterF
     seed gate's 2 vectors as 6 x 2 fell from 1.59x to 1.34x at 1,000, so narrow tiles keep 4 rows.
     Tried and slower: 4 x 3 on AVX2; 8 x 2, 2 x 8 and 8 x 4 on the LSTM cell's 256 columns; and
     for the seed gate's 32 padded columns 8 x 2 (its 16 accumulators beside 2 weight vectors and
-    8 broadcasts: 1.14-1.26x onnxruntime at batch 1,000 against 1.20-1.38x for 4 x 2, 3 runs)."""
+    8 broadcasts: 1.14-1.26x onnxruntime at batch 1,000 against 1.20-1.38x for 4 x 2, 3 runs).
+    One vector of columns (N = 10, padded to 16, or 16): 4 x 1 loaded a weight vector for every
+    4 FMAs; 8 x 1, paired rounds at 1,000 rows: `[N, 128] @ [128, 10]` + Relu 0.69x -> 0.99x
+    onnxruntime, + Tanh 0.78x -> 1.08x, `[N, 16] @ [16, 16]` + Relu 1.21x -> 1.28x."""
     shared = registers.count // 8
     widest = registers.count // 2 if row_extent == 1 else shared
     vectors = max(v for v in range(1, min(col_vectors, widest) + 1) if col_vectors % v == 0)
     rows = 1
     if row_extent is not None:
-        most = registers.gemm_rows if vectors == shared else min(registers.gemm_rows, NARROW_ROWS)
+        if vectors == shared:
+            most = registers.gemm_rows
+        elif col_vectors == 1:
+            most = SINGLE_VECTOR_ROWS
+        else:
+            most = min(registers.gemm_rows, NARROW_ROWS)
         for r in range(min(most, row_extent), 0, -1):
             if row_extent % r == 0:
                 rows = r
