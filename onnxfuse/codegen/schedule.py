@@ -848,25 +848,23 @@ def epilogue_per_register_tile(sch, stats: ScheduleStats, writeback, tile_loop, 
     reader: past POLYNOMIAL_CHAIN_COLUMN_BLOCKS column blocks the polynomial per tile shares the
     column-block loop with the next block's k loop, and `[N, 256] @ [256, 384]` + GELU (6 blocks)
     lost 2-4%."""
-    results = [sch.get(writeback).writes[0].source]
     moved = [writeback]
     while True:
-        moved_names = {sch.get(b).name_hint for b in moved}
-        consumers = {sch.get(c).name_hint for b in moved for c in sch.get_consumers(b)} - moved_names
+        tile_blocks = [sch.get(b) for b in moved]
+        results = [block.writes[0].source for block in tile_blocks]
+        consumers = ({sch.get(c).name_hint for b in moved for c in sch.get_consumers(b)}
+                     - {block.name_hint for block in tile_blocks})
+        any_op = polynomials or len(moved) == 1  # the first reader may be a polynomial either way
         reader = next((c for c in _blocks(sch)  # in program order: a reader after what it reads
                        if sch.get(c).name_hint in consumers and _reads_tile_results_only(sch, c, results)
-                       and (polynomials or len(moved) == 1 or not _computes_polynomial(sch.get(c)))), None)
-        if reader is None:
-            return
-        name = sch.get(reader).name_hint
-        if not _try(stats, f"epilogue per register tile {name}",
-                    lambda: sch.reverse_compute_at(reader, tile_loop, preserve_unit_loops=True)):
+                       and (any_op or not _computes_polynomial(sch.get(c)))), None)
+        if reader is None or not _try(stats, f"epilogue per register tile {sch.get(reader).name_hint}",
+                                      lambda: sch.reverse_compute_at(reader, tile_loop, preserve_unit_loops=True)):
             return
         stats.epilogues_per_tile += 1
         if not chain:
             return
         moved.append(reader)
-        results.append(sch.get(reader).writes[0].source)
 
 
 def _other_products(sch, block) -> bool:
