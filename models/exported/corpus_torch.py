@@ -219,6 +219,20 @@ class ResNetCifarTiny(nn.Module):
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
+class MlpMnist(nn.Module):
+    """An MNIST MLP: [B, 1, 28, 28] flattened, Linear(784, 320)-ReLU, Linear(320, 64)-ReLU,
+    Linear(64, 10). Its first two layers sum over more than 256 inputs (784: three blocks of 256
+    and 16 more; 320: one block and 64 more), which onnxruntime's GEMM sums in blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Flatten(), nn.Linear(784, 320), nn.ReLU(), nn.Linear(320, 64), nn.ReLU(),
+                                    nn.Linear(64, 10))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
 class BranchyCell(nn.Module):
     """Data-dependent branch: if the input's mean is positive an LSTMCell step, else a 2-layer
     MLP gating c. Both branches return new (h, c) of shape [B, 128] (torch.cond forbids a
@@ -344,12 +358,16 @@ def _specs():
         "CIFAR-style ResNet on [B, 3, 32, 32]: Conv-BN-ReLU stem (3->16), two 16-channel basic "
         "blocks, strided basic blocks to 32 and 64 channels (1x1 strided shortcut), global average "
         "pool, Linear(64, 10)"))
+    specs.append(_image_model(
+        rng, "mlp_mnist", MlpMnist, "logits",
+        "MNIST MLP on [B, 1, 28, 28]: flatten, Linear(784, 320)-ReLU, Linear(320, 64)-ReLU, "
+        "Linear(64, 10)", image=(1, 28, 28)))
     return specs
 
 
-def _image_model(rng, stem, make, output, computes):
-    """A CNN's spec: one batch of eight [3, 32, 32] images as its recorded input, the batch symbolic."""
-    return dict(stem=stem, make=make, computes=computes, feeds={"x": _randn(rng, 8, 3, 32, 32)},
+def _image_model(rng, stem, make, output, computes, image=(3, 32, 32)):
+    """A CNN's spec: one batch of eight images as its recorded input, the batch symbolic."""
+    return dict(stem=stem, make=make, computes=computes, feeds={"x": _randn(rng, 8, *image)},
                 outputs=[output], batch_axes={"x": 0})
 
 

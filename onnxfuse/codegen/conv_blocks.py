@@ -13,7 +13,7 @@ channels) the order is the same, and the register-tiled schedule (conv_schedule)
 onnxruntime's order; for more blocks, or single-channel ones, this lowering computes the block
 sums as a block of their own (`conv2d_block_sums`) and their sum (`conv2d_nchw`), which
 conv_schedule tiles together. Every multiply-add of the chain is written so that LLVM fuses the
-new product and nothing else (_multiply_added). Other convolutions (strides, dilations,
+new product and nothing else (rounded_products.multiply_added). Other convolutions (strides, dilations,
 groups, other layouts) keep TVM's lowering.
 """
 
@@ -23,7 +23,7 @@ import tvm
 from tvm import te, topi
 
 from . import tir_walk
-from .rounded_products import rounded
+from .rounded_products import multiply_added, rounded
 
 ONNXRUNTIME_CHANNEL_BLOCK = 16
 """onnxruntime's NCHWc block on AVX-512 CPUs (8 on AVX2 ones, whose sums this does not follow)."""
@@ -56,13 +56,6 @@ def is_blocked_conv(data: te.Tensor, weights: te.Tensor, attrs) -> bool:
     return channels is not None and len(data.shape) == 4
 
 
-# Each step adds the new product to the running sum, which is fenced: LLVM may only fuse the new
-# product into the add. With a plain sum, once LLVM had unrolled a short chain (a single channel's
-# 3x3 window) and dropped its `0 +`, it fused the first product into the second step instead
-# (x0 w0 + round(x1 w1) where onnxruntime computes round(x0 w0) + x1 w1): 4-9% of the outputs of
-# 8-output-channel convolutions differed in the last bit.
-_multiply_added = te.comm_reducer(lambda total, product: product + rounded(total),
-                                  lambda dtype: tvm.tirx.const(0.0, dtype), name="multiply_added")
 # The blocks' sums, each rounded alone before it is added (a one-term block is a bare product).
 _rounded_sum = te.comm_reducer(lambda total, block_sum: total + rounded(block_sum),
                                lambda dtype: tvm.tirx.const(0.0, dtype), name="rounded_sum")
@@ -87,14 +80,14 @@ def conv2d_in_blocks(data: te.Tensor, weights: te.Tensor, padding) -> te.Tensor:
     dx = te.reduce_axis((0, cols), name="rx")
     if blocks == 1:
         c = te.reduce_axis((0, channels), name="rc")
-        return te.compute(out_shape, lambda n, k, y, x: _multiply_added(
+        return te.compute(out_shape, lambda n, k, y, x: multiply_added(
             image[n, c, y + dy, x + dx] * weights[k, c, dy, dx], axis=[dy, dx, c]), name=BLOCKS_SUM)
     c = te.reduce_axis((0, block), name="rc")
 
     def block_sum(n, b, k, y, x):
         channel = b * block + c
         if channels % block == 0:
-            return _multiply_added(image[n, channel, y + dy, x + dx] * weights[k, channel, dy, dx], axis=[dy, dx, c])
+            return multiply_added(image[n, channel, y + dy, x + dx] * weights[k, channel, dy, dx], axis=[dy, dx, c])
         # The last block is ragged. TVM 0.27's create_prim_func drops a reduction's `where`, so the
         # missing channels read the last one (in bounds) and add +0 x -0 = -0, which leaves every
         # sum as it is (x + -0 = x, for x = +0 and -0 too); the product stays fused into the add.
@@ -103,7 +96,7 @@ def conv2d_in_blocks(data: te.Tensor, weights: te.Tensor, padding) -> te.Tensor:
         zero = tvm.tirx.const(0.0, image.dtype)
         pixel = tvm.tirx.Select(within, image[n, last, y + dy, x + dx], zero)
         weight = tvm.tirx.Select(within, weights[k, last, dy, dx], tvm.tirx.const(-0.0, image.dtype))
-        return _multiply_added(pixel * weight, axis=[dy, dx, c])
+        return multiply_added(pixel * weight, axis=[dy, dx, c])
 
     sums = te.compute((batch, blocks, *out_shape[1:]), block_sum, name=BLOCK_SUMS)
     b = te.reduce_axis((0, blocks), name="rb")

@@ -31,7 +31,7 @@ import tvm
 from tvm import relax, te, topi
 
 from .fast_math import multiply_add
-from .rounded_products import rounded
+from .rounded_products import multiply_added, rounded
 
 WELFORD_BELOW = 8  # onnxruntime's kernel takes its vectorized path from rows of 8
 LANES = 8  # ... which sums the squares in 8 lanes
@@ -87,14 +87,6 @@ def _welford_statistics(data: te.Tensor, first: int, n: int, epsilon: float):
     return mean, std
 
 
-# A sum whose every step is `square + fence(sum)`: the only product LLVM can fuse into the add is
-# the new square, so each step is fma(d, d, sum) as in onnxruntime. With a plain sum, a loop of
-# two steps unrolled and its `0 +` folded away read `d0 * d0 + d8 * d8`, and LLVM fused the
-# first product instead (rows of 16 to 383 values then differed from onnxruntime in the last bit).
-_multiply_added = te.comm_reducer(lambda total, square: square + rounded(total),
-                                  lambda dtype: tvm.tirx.const(0.0, dtype), name="multiply_added")
-
-
 def _squares_in_onnxruntimes_order(data: te.Tensor, first: int, n: int, mean: te.Tensor) -> te.Tensor:
     """The sum of (x - mean)^2 over each row of static length n (>= 8) in onnxruntime's order:
     8 lanes, lane j summing elements j, j + 8, ... with multiply-adds; the lanes added as an AVX2
@@ -110,7 +102,7 @@ def _squares_in_onnxruntimes_order(data: te.Tensor, first: int, n: int, mean: te
 
     rows = list(data.shape[:first])
     k = te.reduce_axis((0, full // lanes), name="k_lane")
-    per_lane = te.compute(rows + [lanes], lambda *rj: _multiply_added(
+    per_lane = te.compute(rows + [lanes], lambda *rj: multiply_added(
         deviation(rj[:-1], k * lanes + rj[-1]) * deviation(rj[:-1], k * lanes + rj[-1]), axis=k), name="x_var_lanes")
 
     def total(*row):

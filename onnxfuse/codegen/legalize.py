@@ -31,6 +31,7 @@ import tvm
 from tvm import relax, te, topi
 
 from .conv_blocks import legalize_conv2d
+from .gemm_blocks import legalize_matmul
 from .layer_norm import legalize_layer_norm
 from .rounded_products import legalize_multiply
 
@@ -179,4 +180,5 @@ CUSTOM_LEGALIZE = {
     "relax.multiply": legalize_multiply,
     "relax.nn.layer_norm": legalize_layer_norm,
     "relax.nn.conv2d": legalize_conv2d,
+    "relax.matmul": legalize_matmul,
 }

@@ -6,7 +6,8 @@ frontend imports SkipLayerNormalization as an Add and a LayerNormalization, whos
 onnxruntime's LayerNormalization (a float64 mean, the squares in lanes), not its
 SkipLayerNormalization (Welford's update over the whole row), so the converter here replaces
 TVM's. The frontend takes converters from one table, built by a module function; `installed`
-wraps that function once per process, adding ours.
+wraps that function once per process, adding ours. The table also takes our Gemm (gemm_blocks:
+onnxruntime sums a long K in blocks, from the bias), which is no contrib op but goes the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import functools
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
+from .gemm_blocks import GemmInBlocks
 from .layer_norm import skip_layer_norm_as_onnxruntime
 
 
@@ -39,7 +41,7 @@ class SkipLayerNormalization(onnx_frontend.OnnxOpConverter):
         return relax.Tuple([output, placeholder, placeholder, placeholder])
 
 
-CONVERTERS = {"SkipLayerNormalization": SkipLayerNormalization}
+CONVERTERS = {"SkipLayerNormalization": SkipLayerNormalization, "Gemm": GemmInBlocks}
 
 
 def installed() -> None:

@@ -39,7 +39,7 @@ import tvm_ffi
 from tvm import s_tir
 
 from ..errors import short_reason
-from . import clamped_tail, concat_blocks, conv_schedule, fold_rows, gemm_shapes, ieee_order, tir_walk, tree_schedule
+from . import clamped_tail, concat_blocks, conv_schedule, fold_rows, gemm_blocks, gemm_shapes, ieee_order, tir_walk, tree_schedule
 from .register_file import AVX512, RegisterFile
 
 TILE_ELEMENTS = 8192  # elements of the widest intermediate row block kept per tile
@@ -232,8 +232,8 @@ def inline_cheap_producers(sch, stats: ScheduleStats, max_duplication: int = 1) 
             copies = _copies_if_inlined(sch, block_rv, outputs)
             if copies is None:
                 continue
-            if conv_schedule.is_conv_window(sch, block_rv):
-                continue
+            if conv_schedule.is_conv_window(sch, block_rv) or gemm_blocks.is_with_tail(sch.get(block_rv)):
+                continue  # the add of a ragged last block follows the register tiles as a block of its own
             if (copies > max_duplication and not tir_walk.is_index_copy(sch.get(block_rv))
                     and not _cheap_gemm_epilogue(sch, block_rv) and not _cheap_reread_of_inputs(sch, block_rv, copies)):
                 continue
@@ -418,7 +418,10 @@ def compute_under_tile(sch, stats: ScheduleStats, anchors, tile_loop) -> None:
         name = sch.get(block_rv).name_hint
         if name in moved or _kept_at_root(sch.get(block_rv)):
             continue
-        if _try(stats, f"compute_at {name}", lambda: sch.compute_at(block_rv, tile_loop, preserve_unit_loops=True)):
+        # A blocked product's ragged block goes first, so that its register tiles can add it (gemm_blocks).
+        index = -2 if gemm_blocks.is_tail_sum(sch.get(block_rv)) else -1
+        if _try(stats, f"compute_at {name}",
+                lambda: sch.compute_at(block_rv, tile_loop, preserve_unit_loops=True, index=index)):
             stats.computed_at += 1
             moved.add(name)
     outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(sch.get_sblock("root"))}
@@ -603,7 +606,8 @@ def _is_matmul_like(block) -> bool:
 def _is_gemm(block) -> bool:
     """Matmul-like with exactly one reduction axis, innermost: what schedule_matmul handles."""
     kinds = [int(iv.iter_type) for iv in block.iter_vars]
-    return _is_matmul_like(block) and kinds[-1] == COMM_REDUCE and kinds.count(COMM_REDUCE) == 1
+    return (_is_matmul_like(block) and kinds[-1] == COMM_REDUCE and kinds.count(COMM_REDUCE) == 1
+            and not gemm_blocks.is_block_sums(block))  # tiled with their sum
 
 
 def _is_matrix_product(block) -> bool:
@@ -611,6 +615,8 @@ def _is_matrix_product(block) -> bool:
     shaped like one (ReduceMean with keepdims: spatial axes N, 1 and a reduction)."""
     if not _is_gemm(block):
         return False
+    if gemm_blocks.is_blocks_sum(block):
+        return True  # the product of a blocked GEMM, its multiply-adds in its block sums
     k = block.iter_vars[-1].var
     return sum(any(tir_walk.uses_var(r.min, k) for r in read.region) for read in block.reads) >= 2
 
@@ -777,15 +783,19 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile
         return False
     stats.column_blocks_first += int(tile is row_parts[0])
     holder = {}
-    if _try(stats, f"cache_write {name}", lambda: holder.update(wb=sch.cache_write(block_rv, 0, "local"))):
-        writeback = holder["wb"]
-        if _try(stats, f"reverse_compute_at {name}",
-                lambda: sch.reverse_compute_at(writeback, tile, preserve_unit_loops=True)):
-            vectorize_elementwise(sch, stats, writeback, registers)
-            chain = PADDED_COLUMNS not in block.annotations and cols > lanes and not _other_products(sch, block)
-            column_blocks = cols // (vectors * lanes)
-            epilogue_per_register_tile(sch, stats, writeback, tile, chain=chain,
-                                       polynomials=column_blocks <= POLYNOMIAL_CHAIN_COLUMN_BLOCKS)
+    writeback = _register_tile_write_back(sch, stats, block_rv, tile)
+    if writeback is not None:
+        vectorize_elementwise(sch, stats, writeback, registers)
+        last_result = writeback
+        if gemm_blocks.is_blocks_sum(block):
+            last_result, tile = _tail_per_register_tile(sch, stats, block_rv, writeback, tile) or (writeback, tile)
+        chain = PADDED_COLUMNS not in block.annotations and cols > lanes and not _other_products(sch, block)
+        column_blocks = cols // (vectors * lanes)
+        epilogue_per_register_tile(sch, stats, last_result, tile, chain=chain,
+                                   polynomials=column_blocks <= POLYNOMIAL_CHAIN_COLUMN_BLOCKS)
+    sums = gemm_blocks.block_sums_of(sch, block_rv)
+    if sums is not None:
+        _block_sums_per_register_tile(sch, stats, sums, tile, lanes)
     stats.reductions_scheduled += 1
     stats.register_tiles += 1
     if _try(stats, f"vectorize {name}", lambda: sch.vectorize(col_parts[2])):
@@ -797,6 +807,75 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile
         if init_loops and sch.get(init_loops[-1]).kind != tvm.tirx.ForKind.VECTORIZED:
             _try(stats, f"vectorize init {name}", lambda: sch.vectorize(init_loops[-1]))
     return True
+
+
+def _register_tile_write_back(sch, stats: ScheduleStats, block_rv, tile_loop):
+    """The block that stores each register tile from its local cache, under the tile loop (None
+    if TVM refused)."""
+    name = sch.get(block_rv).name_hint
+    holder = {}
+    if not _try(stats, f"cache_write {name}", lambda: holder.update(wb=sch.cache_write(block_rv, 0, "local"))):
+        return None
+    if not _try(stats, f"reverse_compute_at {name}",
+                lambda: sch.reverse_compute_at(holder["wb"], tile_loop, preserve_unit_loops=True)):
+        return None
+    return holder["wb"]
+
+
+def _block_sums_per_register_tile(sch, stats: ScheduleStats, sums_rv, tile_loop, lanes: int) -> None:
+    """Every k block's sums of a blocked product (gemm_blocks) for one register tile, computed
+    under the tile loop before their sum: per block, the register tile's FMAs (k outside the
+    unrolled rows and column vectors) from zero, then a store of the tile. Computed under the
+    sum's own loop over blocks instead, LLVM kept the sum's accumulators in registers across
+    the k loop too (48 vectors of 32) and spilled the block sums' there: the serial kernel of
+    `[N, 768] @ [768, 64]` ran at half onnxruntime's speed at batch 64."""
+    name = sch.get(sums_rv).name_hint
+    if not _try(stats, f"compute_at {name}", lambda: sch.compute_at(sums_rv, tile_loop, preserve_unit_loops=True)):
+        return
+    *rows, block, column, k = _own_loops(sch, sums_rv)
+    parts = _split(sch, stats, column, [None, lanes], f"split cols {name}")
+    if parts is None or not _try(stats, f"reorder {name}", lambda: sch.reorder(block, k, *rows, *parts)):
+        return
+    _try(stats, f"vectorize {name}", lambda: sch.vectorize(parts[1]))
+    for row_or_vector in [*rows, parts[0]]:
+        _try(stats, f"unroll {name}", lambda: sch.unroll(row_or_vector))
+    holder = {}
+    if _try(stats, f"decompose {name}", lambda: holder.update(init=sch.decompose_reduction(sums_rv, k))):
+        init_loops = sch.get_loops(holder["init"])
+        if sch.get(init_loops[-1]).kind != tvm.tirx.ForKind.VECTORIZED:
+            _try(stats, f"vectorize init {name}", lambda: sch.vectorize(init_loops[-1]))
+
+
+def _tail_per_register_tile(sch, stats: ScheduleStats, block_rv, writeback, tile_loop):
+    """A blocked product with a ragged last block (gemm_blocks): that block's sums, a small GEMM
+    of their own over the same register tiles, run in the same tile loops, so the add of them
+    follows each register tile like the product's other readers. TVM moves a block under a loop
+    only with all its producers there (and a producer only with its consumers), so the two loop
+    nests are merged level by level instead; where they differ the add stays per row tile.
+    Returns the add and the (merged) tile loop where the add follows the register tiles, else None."""
+    add = next((c for c in sch.get_consumers(writeback) if gemm_blocks.is_with_tail(sch.get(c))), None)
+    if add is None:
+        return None
+    tails = [p for p in sch.get_producers(add) if gemm_blocks.is_tail_sum(sch.get(p)) or
+             any(gemm_blocks.is_tail_sum(sch.get(q)) for q in sch.get_producers(p))]
+    if len(tails) != 1:
+        return None
+    own, tail = list(sch.get_loops(block_rv)), list(sch.get_loops(tails[0]))
+    depth = next((d for d, (a, b) in enumerate(zip(own, tail)) if not sch.get(a).same_as(sch.get(b))), None)
+    last = next((d for d, loop in enumerate(own) if sch.get(loop).same_as(sch.get(tile_loop))), None)
+    if depth is None or last is None or len(tail) <= last:
+        return None
+    for d in range(depth, last + 1):
+        if _static(sch.get(own[d]).extent) != _static(sch.get(tail[d]).extent):
+            return None
+        if not _try(stats, f"merge tile loops {sch.get(add).name_hint}", lambda: sch.merge(tail[d], own[d])):
+            return None
+        own, tail = list(sch.get_loops(block_rv)), list(sch.get_loops(tails[0]))
+    if not _try(stats, f"epilogue per register tile {sch.get(add).name_hint}",
+                lambda: sch.reverse_compute_at(add, own[last], preserve_unit_loops=True)):
+        return None
+    stats.epilogues_per_tile += 1
+    return add, own[last]
 
 
 def _tile_loop_order(leading: list, row_blocks, column_blocks) -> list:
@@ -869,7 +948,8 @@ def epilogue_per_register_tile(sch, stats: ScheduleStats, writeback, tile_loop, 
 
 def _other_products(sch, block) -> bool:
     """Whether the kernel has a matrix product besides `block`'s."""
-    return any(_is_matrix_product(sch.get(b)) and sch.get(b).name_hint != block.name_hint for b in _blocks(sch))
+    return any(_is_matrix_product(sch.get(b)) and sch.get(b).name_hint != block.name_hint
+               and not gemm_blocks.is_tail_sum(sch.get(b)) for b in _blocks(sch))  # part of a blocked product
 
 
 def _reads_tile_results_only(sch, reader_rv, results) -> bool:
@@ -926,7 +1006,7 @@ def schedule_reduction(sch, stats: ScheduleStats, block_rv, registers: RegisterF
     loops = _own_loops(sch, block_rv)
     if len(loops) != len(block.iter_vars):
         return
-    if conv_schedule.is_block_sums(block):
+    if conv_schedule.is_block_sums(block) or gemm_blocks.is_block_sums(block):
         return  # scheduled with the sum of its blocks, under that block's register tile
     tile = conv_schedule.schedule_direct_conv(sch, block_rv, loops, registers, lambda what, step: _try(stats, what, step))
     if tile is not None:
@@ -1005,7 +1085,7 @@ def factor_row_reductions(sch, stats: ScheduleStats, registers: RegisterFile) ->
         loops = _own_loops(sch, block_rv)
         if len(loops) != len(block.iter_vars) or _loop_kinds(sch, block_rv, loops)[-1] != COMM_REDUCE:
             continue
-        if not _reads_rows(block, block.iter_vars[-1].var):
+        if not _reads_rows(block, block.iter_vars[-1].var) or gemm_blocks.is_stage(block):
             continue  # schedule_reduction vectorizes over the output's columns instead
         extent = _static(sch.get(loops[-1]).extent)
         lanes = _lanes_dividing(extent, _lanes(_block_dtype(block), registers)) if extent else 0

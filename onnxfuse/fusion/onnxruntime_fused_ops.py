@@ -17,10 +17,16 @@ kernel's bits wherever it fused, and the ops' where it did not:
   group model holds onnxruntime's op (codegen/onnxruntime_contrib.py imports it as the kernel
   computes, codegen/layer_norm.py vectorizes it across rows).
 
+- A MatMul by a constant weight and the Add of a bias after it become its Gemm where the product
+  is 2-D (it keeps them apart over [batch, seq, K] with symbolic dims). Over more than 256 k's
+  that is other bits: MLAS sums K in blocks of 256, and its Gemm starts the output from the bias,
+  `((b + p0) + p1) + ...`, where the MatMul's output `(p0 + p1) + ...` gets the bias last
+  (codegen/gemm_blocks.py). Such a pair is written as the Gemm in the group model.
+
 Which chains onnxruntime fuses depends on its version and on each chain's surroundings, so
 nothing here guesses: `onnxruntime_fused_ops` asks the installed onnxruntime (its optimized graph
-of the original model, only for models with an Erf or a ReduceMean; about 0.1 s for a 24-layer
-tiny BERT), and `as_onnxruntime_computes` rewrites exactly those chains, where a fused group
+of the original model, only for models with an Erf, a ReduceMean or a MatMul over more than 256
+k's; about 0.1 s for a 24-layer tiny BERT), and `as_onnxruntime_computes` rewrites exactly those chains, where a fused group
 holds the whole chain, in the group model: what the kernel is compiled from, what the cache
 hashes and what onnxruntime runs when the kernel is verified. The written model keeps the
 model's own ops, so onnxruntime still fuses them where a group falls back. A model onnxruntime
@@ -49,6 +55,9 @@ CONTRIB_DOMAIN = "com.microsoft"
 MIN_LAYER_NORM_OPSET = 17
 WATCHED_OPS = {"Erf", "ReduceMean", LAYER_NORM}  # a model with none has no chain onnxruntime fuses here
 MAX_CHAIN_NODES = 12  # GELU chains have 5 nodes, LayerNorm chains 9 (10 with a Cast), 11 with two Adds
+GEMM = "Gemm"
+FUSED_GEMM = "FusedGemm"  # com.microsoft: a Gemm and the activation after it
+MLAS_K_BLOCK = 256  # up to this many k's a Gemm and a MatMul + Add give the same bits
 
 
 @dataclass(frozen=True)
@@ -67,13 +76,15 @@ class FusedOp:
 
 
 def onnxruntime_fused_ops(model: onnx.ModelProto, path: str | os.PathLike | None = None) -> tuple[FusedOp, ...]:
-    """The Gelu, BiasGelu, LayerNormalization and SkipLayerNormalization nodes onnxruntime's
-    optimizer (CPU, default level) writes in place of the model's ops, in every scope; () when
+    """The Gelu, BiasGelu, LayerNormalization, SkipLayerNormalization nodes, and the Gemms over
+    more than 256 k's that replace a MatMul and an Add, that onnxruntime's optimizer (CPU,
+    default level) writes in place of the model's ops, in every scope; () when
     the model has nothing such a node could replace, or onnxruntime fails. `path`: the model's
     file, given to onnxruntime instead of `model` (its external data beside it)."""
     nodes = list(all_nodes(model.graph))
-    if not {node.op_type for node in nodes} & WATCHED_OPS:
+    if not {node.op_type for node in nodes} & WATCHED_OPS and not _long_products(model, nodes):
         return ()
+    adds = {out for node in nodes if node.op_type == "Add" for out in node.output}  # a Gemm writing one was fused
     own_layer_norms = {out for node in nodes if node.op_type == LAYER_NORM for out in node.output}
     try:
         optimized = _optimized_by_onnxruntime(os.fspath(path) if path is not None else model.SerializeToString())
@@ -86,10 +97,28 @@ def onnxruntime_fused_ops(model: onnx.ModelProto, path: str | os.PathLike | None
         layer_norm = (node.domain in ("", "ai.onnx") and node.op_type == LAYER_NORM
                       and node.output[0] not in own_layer_norms)
         skip_layer_norm = node.domain == CONTRIB_DOMAIN and node.op_type == SKIP_LAYER_NORM
-        if (gelu or layer_norm or skip_layer_norm) and node.input and len(node.output) >= 1:
+        gemm = ((node.domain in ("", "ai.onnx") and node.op_type == GEMM and node.output[0] in adds
+                 or node.domain == CONTRIB_DOMAIN and node.op_type == FUSED_GEMM)
+                and _depth(node, initializers) > MLAS_K_BLOCK)
+        if (gelu or layer_norm or skip_layer_norm or gemm) and node.input and len(node.output) >= 1:
             constants = tuple((name, content_digest(initializers[name])) for name in node.input if name in initializers)
             fused.append(FusedOp(node.op_type, tuple(node.input), node.output[0], tuple(node.attribute), constants))
     return tuple(fused)
+
+
+def _long_products(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> bool:
+    """Whether a MatMul multiplies by a constant weight of more than MLAS_K_BLOCK rows."""
+    rows = {tensor.name: tensor.dims[0] for tensor in model.graph.initializer if len(tensor.dims) == 2}
+    return any(node.op_type == "MatMul" and rows.get(node.input[1], 0) > MLAS_K_BLOCK for node in nodes)
+
+
+def _depth(gemm: onnx.NodeProto, initializers: dict) -> int:
+    """K of a Gemm whose B is a constant (0 where it is not)."""
+    weight = initializers.get(gemm.input[1]) if len(gemm.input) > 1 else None
+    if weight is None or len(weight.dims) != 2:
+        return 0
+    transposed = any(a.name == "transB" and a.i for a in gemm.attribute)
+    return weight.dims[1] if transposed else weight.dims[0]
 
 
 def content_digest(tensor: onnx.TensorProto) -> str:
@@ -135,6 +164,9 @@ def as_onnxruntime_computes(nodes: list[onnx.NodeProto], outputs: list[str], fus
     `opset`: the group model's (LayerNormalization is an op from 17 on)."""
     constants: list[onnx.TensorProto] = []
     for fused in fused_ops:
+        if fused.op in (GEMM, FUSED_GEMM):
+            nodes = _product_and_bias_as_gemm(nodes, fused.output, set(outputs))
+            continue
         if fused.op in GELUS:
             x = fused.inputs[0] if len(fused.inputs) == 1 else (biased.get(tuple(sorted(fused.inputs[:2])))
                                                                  or biased.get((fused.inputs[0],)))
@@ -155,6 +187,28 @@ def as_onnxruntime_computes(nodes: list[onnx.NodeProto], outputs: list[str], fus
         nodes[at:at + 1] = replacement
         constants += scalars
     return nodes, constants
+
+
+def _product_and_bias_as_gemm(nodes: list[onnx.NodeProto], y: str, outputs: set[str]) -> list[onnx.NodeProto]:
+    """`nodes` with the MatMul and the Add that writes `y` (onnxruntime's Gemm; its FusedGemm
+    writes the output of an activation of the Add) as one Gemm, where both are here and nothing
+    else reads the product."""
+    producer = {out: i for i, n in enumerate(nodes) for out in n.output}
+    add = producer.get(y)
+    if add is not None and nodes[add].op_type != "Add" and len(nodes[add].input) == 1:
+        add = producer.get(nodes[add].input[0])
+    if add is None or nodes[add].op_type != "Add" or len(nodes[add].input) != 2:
+        return nodes
+    for side in (0, 1):
+        product, bias = nodes[add].input[side], nodes[add].input[1 - side]
+        matmul = producer.get(product)
+        if matmul is None or nodes[matmul].op_type != "MatMul" or product in outputs:
+            continue
+        if any(product in n.input for i, n in enumerate(nodes) if i != add):
+            continue
+        gemm = helper.make_node(GEMM, [*nodes[matmul].input, bias], list(nodes[add].output), name=f"{y}__gemm")
+        return [gemm if i == add else n for i, n in enumerate(nodes) if i != matmul]
+    return nodes
 
 
 def skip_layer_norm_chains(graph, fused_ops: tuple[FusedOp, ...]) -> list[list[int]]:
