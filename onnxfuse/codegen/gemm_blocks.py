@@ -10,12 +10,15 @@ fusion/onnxruntime_fused_ops.py), the output starts from the bias instead: `C = 
 ...`. Found by comparing onnxruntime's MatMul, its MatMul + Add and its Gemm over K = 300, 512
 and 784 with its own MatMuls over 256-wide slices of K, added in float32 in both orders.
 
-So such a product is two stages (like conv_blocks'): the block sums `matmul_block_sums[..., b,
-j]`, each one chain over its block's k's, and their sum `matmul_blocks_sum[..., j]`, the blocks
-in order, the bias first where onnxruntime adds it first. The schedule (schedule_matmul) tiles
-the sum as a GEMM whose reduction is the block index and computes each block's sums for one
-register tile right under it, in registers of their own: the same FMAs as one chain, then one
-add per accumulator and block.
+So such a product is lowered in stages (like conv_blocks'): the block sums
+`matmul_block_sums[..., b, j]`, each one chain over its block's k's, their sum
+`matmul_blocks_sum[..., j]`, the blocks in order, the bias first where onnxruntime adds it first,
+and a ragged last block (784 = 3 x 256 + 16) as a small product of its own, `matmul_tail_sum`,
+added after (`matmul_with_tail`). The schedule (schedule_matmul) tiles the sum as a GEMM whose
+reduction is the block index, computes every block's sums for each of its register tiles right
+under the tile, and runs the ragged block's product in the same tile loops. The ragged block's
+short sum is written as rounded_products.multiply_added, so that LLVM fuses each new product
+into its add and nothing else.
 """
 
 from __future__ import annotations
