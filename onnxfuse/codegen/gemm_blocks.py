@@ -27,11 +27,13 @@ import tvm
 from tvm import relax, te
 from tvm.relax.frontend.onnx import onnx_frontend
 
+from ..fusion.onnxruntime_fused_ops import MLAS_K_BLOCK
 from . import tir_walk
 from .rounded_products import multiply_added, rounded
 
-ONNXRUNTIME_K_BLOCK = 256
-"""k's per block in MLAS's prepacked SGEMM (its packed stride along K)."""
+ONNXRUNTIME_K_BLOCK = MLAS_K_BLOCK
+"""k's per block in MLAS's prepacked SGEMM (its packed stride along K); the loader asks
+onnxruntime which products it fuses with their bias only past it."""
 
 BLOCK_SUMS = "matmul_block_sums"
 BLOCKS_SUM = "matmul_blocks_sum"
@@ -151,25 +153,34 @@ class GemmInBlocks(onnx_frontend.OnnxOpConverter):
         if not plain and attr.get("transB", 0):
             weight = bb.normalize(relax.op.permute_dims(weight, [1, 0]))
         shapes = [_shape(x) if x is not None else None for x in (data, weight, bias)]
-        if plain or None in shapes or not is_blocked_matmul(shapes[0], shapes[1], data.ty.dtype) \
-                or str(bias.ty.dtype) != "float32" or [tir_walk.static_int(d) for d in shapes[2]] not in (
-                    [tir_walk.static_int(shapes[1][1])], [1, tir_walk.static_int(shapes[1][1])]):
+        if (plain or None in shapes or not is_blocked_matmul(shapes[0], shapes[1], data.ty.dtype)
+                or str(bias.ty.dtype) != "float32" or not _is_row(shapes[2], shapes[1][1])):
             return onnx_frontend.Gemm._impl_v13(bb, inputs, attr, params)
         if len(shapes[2]) == 2:
             bias = bb.normalize(relax.op.reshape(bias, [shapes[1][1]]))
         return bb.emit_te(matmul_in_blocks, data, weight, bias, primfunc_name_hint="matmul")
 
 
+def _is_row(bias_shape, columns) -> bool:
+    """Whether a Gemm's C is one row of biases: [M] or [1, M]."""
+    dims, m = _static_dims(bias_shape), tir_walk.static_int(columns)
+    return dims in ([m], [1, m])
+
+
+def _stage_reducing_innermost(block, name: str) -> bool:
+    """A stage named `name` whose one reduction axis is its innermost."""
+    kinds = [int(iv.iter_type) for iv in block.iter_vars]
+    return block.name_hint.startswith(name) and kinds[-1] == tir_walk.COMM_REDUCE and kinds.count(tir_walk.COMM_REDUCE) == 1
+
+
 def is_block_sums(block) -> bool:
     """The per-block sums of a blocked product: spatial rows, block, column, then k."""
-    kinds = [int(iv.iter_type) for iv in block.iter_vars]
-    return block.name_hint.startswith(BLOCK_SUMS) and kinds[-1] == tir_walk.COMM_REDUCE and kinds.count(tir_walk.COMM_REDUCE) == 1
+    return _stage_reducing_innermost(block, BLOCK_SUMS)
 
 
 def is_tail_sum(block) -> bool:
     """The sums of a blocked product's last, ragged block: spatial rows and column, then k."""
-    kinds = [int(iv.iter_type) for iv in block.iter_vars]
-    return block.name_hint.startswith(TAIL_SUM) and kinds[-1] == tir_walk.COMM_REDUCE and kinds.count(tir_walk.COMM_REDUCE) == 1
+    return _stage_reducing_innermost(block, TAIL_SUM)
 
 
 def is_with_tail(block) -> bool:
@@ -179,8 +190,7 @@ def is_with_tail(block) -> bool:
 
 def is_blocks_sum(block) -> bool:
     """The sum of a blocked product's block sums: spatial rows and column, then the block."""
-    kinds = [int(iv.iter_type) for iv in block.iter_vars]
-    return block.name_hint.startswith(BLOCKS_SUM) and kinds[-1] == tir_walk.COMM_REDUCE and kinds.count(tir_walk.COMM_REDUCE) == 1
+    return _stage_reducing_innermost(block, BLOCKS_SUM)
 
 
 def block_sums_of(sch, block_rv):
