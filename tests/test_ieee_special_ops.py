@@ -1,6 +1,6 @@
 """Ops whose edge cases TVM defines otherwise than onnxruntime, on finite ordinary inputs and on the
 NaN/±inf a real model produces (a fully masked attention row, a degenerate weight):
-ReduceMin/ReduceMax start from ±inf (codegen/reduction_identities.py), Clip's missing bounds and
+ReduceMin/ReduceMax start from ±inf and dot products from +0.0 (codegen/reduction_identities.py), Clip's missing bounds and
 float→int Cast are what onnxruntime computes (codegen/onnx_semantics.py), and a NaN that becomes a
 Gather index is an error, as in onnxruntime. Fused model through onnxruntime against onnxruntime on
 the original, bit for bit."""
@@ -197,3 +197,37 @@ def test_onnxruntime_where_turns_a_first_branch_negative_zero_positive(type_name
 def test_where_negative_zero_as_onnxruntime(tmp_path, type_name):
     onnx_type, np_type = WHERE_TYPES[type_name]
     check_fused_matches_onnxruntime(_where_model(onnx_type), _where_feeds(np_type), tmp_path)
+
+
+def _dense_model(depth: int, columns: int, bias: bool) -> onnx.ModelProto:
+    """MatMul by a constant positive weight (+ a bias), then Neg, which shows a zero's sign."""
+    rng = np.random.default_rng(depth)
+    inits = {"w": (np.abs(rng.standard_normal((depth, columns))) + 0.1).astype(F32)}
+    nodes = [node("MatMul", ["x", "w"], "p")]
+    if bias:
+        inits["b"] = rng.standard_normal(columns).astype(F32)
+        nodes.append(node("Add", ["p", "b"], "q"))
+    nodes.append(node("Neg", [nodes[-1].output[0]], "y"))
+    return model(nodes, {"x": ("N", depth)}, {"y": ("N", columns)}, inits)
+
+
+@pytest.mark.parametrize("depth, columns", [(32, 10), (64, 64), (4, 16)])
+def test_a_product_of_negative_zeros_is_positive_zero_as_in_mlas(tmp_path, depth, columns):
+    """MLAS zeroes its accumulators and fuses the first product into that +0.0, so a row of -0.0
+    products sums to +0.0 (the kernel started from -0.0 and kept it, and Neg showed the sign)."""
+    m = _dense_model(depth, columns, bias=False)
+    fused, original = fused_session(m, tmp_path), original_session(m)
+    for rows in (1, 3, 64):
+        x = np.full((rows, depth), -0.0, F32)
+        assert_bitwise_equal(fused.run(None, {"x": x})[0], original.run(None, {"x": x})[0])
+
+
+def test_the_one_row_kernel_fuses_each_product_into_the_running_sum(tmp_path):
+    """The one-row kernel of a short product unrolls its k loop. From a -0.0 start LLVM dropped the
+    first add and fused the first product into the second step instead of the second product:
+    1 to 4 of `[N, 32] @ [32, 10] + b`'s outputs differed in the last bit at 2 to 8 rows."""
+    m = _dense_model(32, 10, bias=True)
+    fused, original = fused_session(m, tmp_path), original_session(m)
+    for rows in (1, 2, 3, 4, 5, 8):
+        x = np.random.default_rng(rows).standard_normal((rows, 32)).astype(F32) * 3
+        assert_bitwise_equal(fused.run(None, {"x": x})[0], original.run(None, {"x": x})[0])

@@ -173,6 +173,20 @@ def test_fused_model_on_an_older_cpu_runs_its_level_and_matches_onnxruntime(port
 
 
 @needs_qemu
+def test_columns_that_are_no_whole_vectors_build_at_every_level(tmp_path, cache):
+    """PyTorch's MNIST MLP ends in a Gemm to 10 columns, padded to whole vectors: 12 at the baseline
+    level's 4 lanes. TVM's LoopPartition put an int32 0 for the int64 index of a one-iteration
+    loop it peeled there, its simplifier then refused `int32 < int64`, and the whole group fell back
+    to onnxruntime on every CPU (compile.BUILD_CONFIG keeps such loops)."""
+    original = MODELS / "exported" / "mlp_mnist_ts.onnx"
+    result = optimize(original, tmp_path / "mnist.fused.onnx", target="portable", select="all", cache_dir=cache, jobs=1)
+    assert result.report["groups_fallback"] == 0, result.report["groups"]
+    report = probe("Nehalem", original, result.model_path, result.library_path, (1, 3))
+    assert report["level"] == "x86-64"
+    assert_matches(report)
+
+
+@needs_qemu
 def test_a_cpu_without_the_librarys_level_gets_a_session_error_not_a_crash(tmp_path, cache):
     """A library built with the AVX-512 level only, on an AVX2 CPU: RegisterCustomOps returns an
     error status; the process lives on (before: SIGILL, exit 132, inside onnxruntime)."""

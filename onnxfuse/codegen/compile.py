@@ -132,7 +132,7 @@ def _stage(name: str, stats: dict, fn):
 
 # Peel the ragged last row tile off, so full tiles run without a per-row predicate in their
 # vector loops (a symbolic batch otherwise keeps `row < N` checks in every inner loop).
-BUILD_CONFIG = {"s_tir.LoopPartition": {"partition_const_loop": True}}
+BUILD_CONFIG = {"s_tir.LoopPartition": {"partition_const_loop": True, "no_unroll_loop_with_extent_one": True}}
 
 
 def build_module(funcs: dict, tvm_target):

@@ -13,6 +13,14 @@ is +0.0): from TOPI's +0.0 a row of -0.0 summed to +0.0 where onnxruntime gives 
 1 / ReduceMean of it was +inf instead of -inf (the fuzzer). The same rewrite, on add updates
 over axes of a static size; over the batch axis the sum keeps +0.0, which onnxruntime gives
 for an empty batch.
+
+Dot products (a sum whose update adds a product it computes itself: MatMul, Gemm) keep +0.0:
+MLAS zeroes its accumulators and fuses the first product into that zero, so a row of products
+that are all -0.0 comes out +0.0. From -0.0 the sum was -0.0 there, and LLVM, which may drop an
+add of -0.0 (but not of +0.0), left the first product a plain multiply: where it unrolled the
+k loop (a one-row kernel over K = 32) it then fused that product into the second step instead
+of the second product (x0 y0 + round(x1 y1) where MLAS computes round(x0 y0) + x1 y1), and 1 to
+4 of the outputs of `[N, 32] @ [32, 10]` differed in the last bit at 2 to 8 rows.
 """
 
 from __future__ import annotations
@@ -55,16 +63,26 @@ def _never_empty(block) -> bool:
                                      for iv in reduce_axes)
 
 
+def _added_term(store, value):
+    """The term an add update `store = value` adds to the running sum, or None if it is no such
+    update."""
+    if _reads_itself(store, value.a):
+        return value.b
+    return value.a if _reads_itself(store, value.b) else None
+
+
 def _sum_accumulators(func) -> set:
-    """Buffers a float add reduction over static, non-empty axes accumulates into. A sum over the
-    batch axis keeps +0.0: over an empty batch onnxruntime's sum is +0.0."""
+    """Buffers a float add reduction over static, non-empty axes accumulates into, dot products
+    excepted (they start from +0.0 as MLAS's do). A sum over the batch axis keeps +0.0: over an
+    empty batch onnxruntime's sum is +0.0."""
     found = set()
 
     def visit(block, visitor):
         store = block.body
         value = getattr(store, "value", None)
-        if (isinstance(store, tirx.BufferStore) and isinstance(value, tirx.Add) and _is_float(value)
-                and (_reads_itself(store, value.a) or _reads_itself(store, value.b)) and _never_empty(block)):
+        term = (_added_term(store, value) if isinstance(store, tirx.BufferStore) and isinstance(value, tirx.Add)
+                and _is_float(value) else None)
+        if term is not None and not isinstance(term, tirx.Mul) and _never_empty(block):
             found.add(store.buffer)
         visitor.default_visit(block)
 

@@ -7,6 +7,10 @@ kernel's bits wherever it fused, and the ops' where it did not:
   products varies), becomes its Gelu kernel (BiasGelu when an Add of a bias comes first), which
   computes `(0.5 x) (erf(x * 0.70710677) + 1)`: a product by 1/sqrt(2) where the model divides.
   PyTorch's dynamo exporter writes `x * (0.5 (erf + 1))`, which onnxruntime 1.32 leaves as ops.
+- The tanh approximation of GELU, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))` (Keras'
+  `gelu(approximate=True)` through tf2onnx), becomes its FastGelu kernel where it follows a
+  product: that computes the tanh's argument as `x ((C x) x + B)`, with B = sqrt(2/pi) and
+  C = 0.044715 B, then `(0.5 x) (tanh + 1)`.
 - LayerNorm written as ops (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add) becomes
   LayerNormalization, whose kernel sums the mean in float64 and the squares in its own lanes
   (codegen/layer_norm.py computes it the same way), where the ops give other last bits.
@@ -49,11 +53,14 @@ from ..frontend.validate import all_nodes
 
 INVERSE_SQRT2 = np.float32(0.70710678118654752440)  # onnxruntime's float 1/sqrt(2)
 GELUS = ("Gelu", "BiasGelu")  # com.microsoft
+FAST_GELU = "FastGelu"  # com.microsoft; with a second input, the bias it adds first
+FAST_GELU_B = np.float32(0.7978845608028654)  # sqrt(2 / pi), as onnxruntime's FastGelu rounds it
+FAST_GELU_C = np.float32(0.035677408136300125)  # 0.044715 sqrt(2 / pi)
 LAYER_NORM = "LayerNormalization"  # the ONNX op (opset 17), which onnxruntime's fusion writes
 SKIP_LAYER_NORM = "SkipLayerNormalization"  # com.microsoft
 CONTRIB_DOMAIN = "com.microsoft"
 MIN_LAYER_NORM_OPSET = 17
-WATCHED_OPS = {"Erf", "ReduceMean", LAYER_NORM}  # a model with none has no chain onnxruntime fuses here
+WATCHED_OPS = {"Erf", "Tanh", "ReduceMean", LAYER_NORM}  # a model with none has no chain onnxruntime fuses here
 MAX_CHAIN_NODES = 12  # GELU chains have 5 nodes, LayerNorm chains 9 (10 with a Cast), 11 with two Adds
 GEMM = "Gemm"
 FUSED_GEMM = "FusedGemm"  # com.microsoft: a Gemm and the activation after it
@@ -93,7 +100,7 @@ def onnxruntime_fused_ops(model: onnx.ModelProto, path: str | os.PathLike | None
     initializers = {tensor.name: tensor for tensor in optimized.graph.initializer if not tensor.external_data}
     fused = []
     for node in all_nodes(optimized.graph):
-        gelu = node.domain == CONTRIB_DOMAIN and node.op_type in GELUS
+        gelu = node.domain == CONTRIB_DOMAIN and node.op_type in (*GELUS, FAST_GELU)
         layer_norm = (node.domain in ("", "ai.onnx") and node.op_type == LAYER_NORM
                       and node.output[0] not in own_layer_norms)
         skip_layer_norm = node.domain == CONTRIB_DOMAIN and node.op_type == SKIP_LAYER_NORM
@@ -167,7 +174,7 @@ def as_onnxruntime_computes(nodes: list[onnx.NodeProto], outputs: list[str], fus
         if fused.op in (GEMM, FUSED_GEMM):
             nodes = _product_and_bias_as_gemm(nodes, fused.output, set(outputs))
             continue
-        if fused.op in GELUS:
+        if fused.op in (*GELUS, FAST_GELU):
             x = fused.inputs[0] if len(fused.inputs) == 1 else (biased.get(tuple(sorted(fused.inputs[:2])))
                                                                  or biased.get((fused.inputs[0],)))
             sources = {x}
@@ -180,6 +187,8 @@ def as_onnxruntime_computes(nodes: list[onnx.NodeProto], outputs: list[str], fus
             continue
         if fused.op in GELUS:
             replacement, scalars = _gelu(x, fused.output)
+        elif fused.op == FAST_GELU:
+            replacement, scalars = _fast_gelu(x, fused.output)
         else:
             replacement, scalars = [_layer_norm(fused)], []
         nodes = [n for i, n in enumerate(nodes) if i not in chain or i == max(chain)]
@@ -268,6 +277,22 @@ def _gelu(x: str, y: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]
         helper.make_node("Mul", [x, name("half")], [name("half_x")], name=name("Mul_half")),
         helper.make_node("Mul", [name("half_x"), name("erf_plus_one")], [y], name=name("Mul")),
     ]
+    return nodes, scalars
+
+
+def _fast_gelu(x: str, y: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """`(x * 0.5) * (Tanh(x * ((C * x) * x + B)) + 1)`: onnxruntime's FastGelu kernel (its
+    products and sums rounded one by one: that part is plain C++, built without FMA)."""
+    def name(part: str) -> str:
+        return f"{y}__fast_gelu_{part}"
+
+    scalars = [numpy_helper.from_array(np.array(value, np.float32), name(part))
+               for part, value in (("c", FAST_GELU_C), ("b", FAST_GELU_B), ("one", 1.0), ("half", 0.5))]
+    steps = [("Mul", [name("c"), x], "cx"), ("Mul", [name("cx"), x], "cxx"), ("Add", [name("cxx"), name("b")], "inner"),
+             ("Mul", [x, name("inner")], "argument"), ("Tanh", [name("argument")], "tanh"),
+             ("Add", [name("tanh"), name("one")], "tanh_plus_one"), ("Mul", [x, name("half")], "half_x")]
+    nodes = [helper.make_node(op, inputs, [name(out)], name=name(f"{op}_{out}")) for op, inputs, out in steps]
+    nodes.append(helper.make_node("Mul", [name("half_x"), name("tanh_plus_one")], [y], name=name("Mul")))
     return nodes, scalars
 
 
