@@ -100,10 +100,11 @@ bench-repeat: install
 	$(BIN)/python benchmarks/run.py repeat
 
 # The corpus of real exporter outputs (models/exported/README.md). Not run by CI, which tests the
-# committed files. The exporters live in two virtualenvs outside the repository (their pins
+# committed files. The exporters live in three virtualenvs outside the repository (their pins
 # conflict with each other and with the project's); created on first use, paths overridable.
 CORPUS_VENV    ?= $(HOME)/.cache/onnxfuse-corpus/torch-venv
 CORPUS_HB_VENV ?= $(HOME)/.cache/onnxfuse-corpus/hb-venv
+CORPUS_TF_VENV ?= $(HOME)/.cache/onnxfuse-corpus/tf-venv
 .PHONY: corpus
 corpus:
 	@test -x $(CORPUS_VENV)/bin/python || ($(PYTHON) -m venv $(CORPUS_VENV) && \
@@ -113,5 +114,9 @@ corpus:
 	  $(CORPUS_HB_VENV)/bin/pip install -q torch==2.13.0 hummingbird-ml==0.4.12 \
 	    scikit-learn==1.9.1 lightgbm==4.7.0 xgboost==3.2.0 onnx==1.16.1 onnxruntime==1.32.0 \
 	    onnxconverter-common==1.16.0 skl2onnx==1.20.0 numpy==2.4.6 scipy==1.17.1)
+	@test -x $(CORPUS_TF_VENV)/bin/python || ($(PYTHON) -m venv $(CORPUS_TF_VENV) && \
+	  $(CORPUS_TF_VENV)/bin/pip install -q tensorflow-cpu==2.19.1 keras==3.15.1 tf2onnx==1.17.0 \
+	    onnx==1.22.0 onnxruntime==1.32.0 numpy==2.1.3 protobuf==5.29.6)
 	HF_HUB_OFFLINE=1 $(CORPUS_VENV)/bin/python models/exported/make_corpus.py torch
 	$(CORPUS_HB_VENV)/bin/python models/exported/make_corpus.py trees
+	$(CORPUS_TF_VENV)/bin/python models/exported/make_corpus.py keras

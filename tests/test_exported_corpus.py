@@ -37,9 +37,9 @@ def _matches(declared, actual, feeds_dims):
     return True
 
 
-def test_manifest_lists_both_torch_exporters_and_the_tree_exporters():
+def test_manifest_lists_both_torch_exporters_the_tree_exporters_and_tf2onnx():
     exporters = {v["exporter"].split("(")[0] for v in ENTRIES.values()}
-    assert {"torch.onnx.export", "hummingbird.ml.convert", "skl2onnx.to_onnx"} <= exporters
+    assert {"torch.onnx.export", "hummingbird.ml.convert", "skl2onnx.to_onnx", "tf2onnx.convert.from_keras"} <= exporters
     assert any(v.get("options", {}).get("dynamo") is True for v in ENTRIES.values())
     assert any(v.get("options", {}).get("dynamo") is False for v in ENTRIES.values())
     assert len(OK) >= 30
@@ -73,6 +73,8 @@ def test_exported_model_runs_on_its_inputs(name):
             assert versions["onnxscript"]
     elif exporter.startswith("hummingbird"):
         assert versions["hummingbird-ml"] and versions["torch"] and versions["scikit-learn"]
+    elif exporter.startswith("tf2onnx"):
+        assert versions["tf2onnx"] and versions["tensorflow"] and versions["keras"]
     else:
         assert versions["skl2onnx"] and versions["scikit-learn"]
     assert all(isinstance(v, str) and v for v in versions.values()), versions

@@ -1,9 +1,10 @@
 """Builds the corpus of real exporter outputs in models/exported/.
 
-Two parts, each run in its own virtualenv because the exporters' pins conflict (see README.md):
+Three parts, each run in its own virtualenv because the exporters' pins conflict (see README.md):
 
     ~/.cache/onnxfuse-corpus/torch-venv/bin/python models/exported/make_corpus.py torch  # torch.onnx
     ~/.cache/onnxfuse-corpus/hb-venv/bin/python models/exported/make_corpus.py trees     # hummingbird
+    ~/.cache/onnxfuse-corpus/tf-venv/bin/python models/exported/make_corpus.py keras     # tf2onnx
 
 Each part writes <name>.onnx, <name>.inputs.npz (one realistic input batch keyed by the
 model's input names) and <name>.expected.npz (onnxruntime's outputs on it), and replaces its
@@ -25,7 +26,7 @@ os.environ.setdefault("PYTHONHASHSEED", "0")
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["torch", "trees"])
+    parser.add_argument("part", choices=["torch", "trees", "keras"])
     parser.add_argument("--only", default="", help="comma-separated model names to rebuild")
     args = parser.parse_args(argv)
     only = set(filter(None, args.only.split(",")))
@@ -36,6 +37,10 @@ def main(argv=None) -> int:
         import corpus_torch
 
         entries = corpus_torch.build(only)
+    elif args.part == "keras":
+        import corpus_keras
+
+        entries = corpus_keras.build(only)
     else:
         import corpus_trees
 
