@@ -20,6 +20,7 @@
 - `layer_norm`: onnxruntime's algorithms, Welford for short rows, a float64 mean otherwise
   (layer_norm.py).
 - `conv2d`: summed in blocks of input channels, as onnxruntime sums it (conv_blocks.py).
+- `sum`, `mean` over trailing axes: each row summed in onnxruntime's (Eigen's) order (row_sums.py).
 
 The Relax rewrites that run before lowering are passes of their own: unfold_stack_reductions,
 nan_safe_comparisons, fold_shape_take.
@@ -34,6 +35,7 @@ from .conv_blocks import legalize_conv2d
 from .gemm_blocks import legalize_matmul
 from .layer_norm import legalize_layer_norm
 from .rounded_products import legalize_multiply
+from .row_sums import legalize_mean, legalize_sum
 
 
 def _flat_index(shape, coords):
@@ -181,4 +183,6 @@ CUSTOM_LEGALIZE = {
     "relax.nn.layer_norm": legalize_layer_norm,
     "relax.nn.conv2d": legalize_conv2d,
     "relax.matmul": legalize_matmul,
+    "relax.sum": legalize_sum,
+    "relax.mean": legalize_mean,
 }

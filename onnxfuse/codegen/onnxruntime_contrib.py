@@ -7,7 +7,8 @@ onnxruntime's LayerNormalization (a float64 mean, the squares in lanes), not its
 SkipLayerNormalization (Welford's update over the whole row), so the converter here replaces
 TVM's. The frontend takes converters from one table, built by a module function; `installed`
 wraps that function once per process, adding ours. The table also takes our Gemm (gemm_blocks:
-onnxruntime sums a long K in blocks, from the bias), which is no contrib op but goes the same way.
+onnxruntime sums a long K in blocks, from the bias) and GlobalAveragePool (row_sums: its own
+order, not ReduceMean's), which are no contrib ops but go the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tvm.relax.frontend.onnx import onnx_frontend
 
 from .gemm_blocks import GemmInBlocks
 from .layer_norm import skip_layer_norm_as_onnxruntime
+from .row_sums import global_average_pool
 
 
 class SkipLayerNormalization(onnx_frontend.OnnxOpConverter):
@@ -41,7 +43,17 @@ class SkipLayerNormalization(onnx_frontend.OnnxOpConverter):
         return relax.Tuple([output, placeholder, placeholder, placeholder])
 
 
-CONVERTERS = {"SkipLayerNormalization": SkipLayerNormalization, "Gemm": GemmInBlocks}
+class GlobalAveragePool(onnx_frontend.OnnxOpConverter):
+    """onnxruntime's summing order (row_sums.global_average_as_onnxruntime), else TVM's converter."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        pooled = global_average_pool(bb, inputs[0])
+        return pooled if pooled is not None else onnx_frontend.GlobalAveragePool._impl_v1(bb, inputs, attr, params)
+
+
+CONVERTERS = {"SkipLayerNormalization": SkipLayerNormalization, "Gemm": GemmInBlocks,
+              "GlobalAveragePool": GlobalAveragePool}
 
 
 def installed() -> None:

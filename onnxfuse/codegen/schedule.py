@@ -39,7 +39,18 @@ import tvm_ffi
 from tvm import s_tir
 
 from ..errors import short_reason
-from . import clamped_tail, concat_blocks, conv_schedule, fold_rows, gemm_blocks, gemm_shapes, ieee_order, tir_walk, tree_schedule
+from . import (
+    clamped_tail,
+    concat_blocks,
+    conv_schedule,
+    fold_rows,
+    gemm_blocks,
+    gemm_shapes,
+    ieee_order,
+    row_sums,
+    tir_walk,
+    tree_schedule,
+)
 from .register_file import AVX512, RegisterFile
 
 TILE_ELEMENTS = 8192  # elements of the widest intermediate row block kept per tile
@@ -234,6 +245,8 @@ def inline_cheap_producers(sch, stats: ScheduleStats, max_duplication: int = 1) 
                 continue
             if conv_schedule.is_conv_window(sch, block_rv) or gemm_blocks.is_with_tail(sch.get(block_rv)):
                 continue  # the add of a ragged last block follows the register tiles as a block of its own
+            if row_sums.is_row_total(sch.get(block_rv)):
+                continue  # once per row, not once per element of the row that reads it
             if (copies > max_duplication and not tir_walk.is_index_copy(sch.get(block_rv))
                     and not _cheap_gemm_epilogue(sch, block_rv) and not _cheap_reread_of_inputs(sch, block_rv, copies)):
                 continue
@@ -458,6 +471,10 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
     dividing them (_row_lanes). Nor across the rows of a tile over a symbolic batch
     (`ragged_rows`, see _keep_row_loop)."""
     block = sch.get(block_rv)
+    if row_sums.is_gathered(block):  # as vectors, each lane gathered its own row's values
+        if row_sums.is_edges(block):  # unrolled, its slots share the row's index arithmetic
+            _try(stats, f"unroll {block.name_hint}", lambda: sch.unroll(_own_loops(sch, block_rv)[-1]))
+        return
     lanes = _lanes(_block_dtype(block), registers)
     loops = _own_loops(sch, block_rv)
     trailing = []
@@ -1085,7 +1102,7 @@ def factor_row_reductions(sch, stats: ScheduleStats, registers: RegisterFile) ->
         loops = _own_loops(sch, block_rv)
         if len(loops) != len(block.iter_vars) or _loop_kinds(sch, block_rv, loops)[-1] != COMM_REDUCE:
             continue
-        if not _reads_rows(block, block.iter_vars[-1].var) or gemm_blocks.is_stage(block):
+        if not _reads_rows(block, block.iter_vars[-1].var) or gemm_blocks.is_stage(block) or row_sums.is_stage(block):
             continue  # schedule_reduction vectorizes over the output's columns instead
         extent = _static(sch.get(loops[-1]).extent)
         lanes = _lanes_dividing(extent, _lanes(_block_dtype(block), registers)) if extent else 0

@@ -1,0 +1,228 @@
+"""ReduceSum, ReduceMean over trailing axes and GlobalAveragePool, each row summed in onnxruntime's order.
+
+onnxruntime 1.32 reduces the trailing axes of a float32 tensor row by row with Eigen's
+vectorized sum (SSE, four lanes). From the row's first 16-byte boundary on, two four-lane
+accumulators take eight elements at a time; the two are added, then one more group of four if
+there is one; the four lanes are added as (l0 + l2) + (l1 + l3); then the elements before the
+boundary and those after the last group of four are added one by one. Row r of n elements
+starts (r * n) % 4 floats past a boundary (onnxruntime's buffers are 64-byte aligned), so where n
+is no multiple of 4 the rows split four ways. ReduceMean divides the sum by n. This matched
+onnxruntime bit for bit on rows of 1 to 1,000 elements, one or several trailing axes, kept or
+dropped; TVM's sum, in the schedule's order, differed in the last bit in about 70% of the rows.
+
+One expression serves every split: a position a row does not use adds -0.0, IEEE addition's
+identity (-0.0 + x is x for every x, -0.0 included), so the loops keep static extents.
+
+GlobalAveragePool sums its rows (a channel's spatial values) otherwise: one four-lane
+accumulator from the row's first element whatever its alignment, the lanes added as
+(l0 + l2) + (l1 + l3), then the last n mod 4 elements one by one, and the sum divided by n
+(matched on rows of 3 to 100 values, 3-D and 4-D inputs). Except where onnxruntime's optimizer
+moves a 4-D pool to its NCHWc layout, which it does when the channels are a multiple of the
+CPU's channel block (16 with AVX-512, 8 with AVX2): that kernel sums each channel's values one
+after the other. Here a multiple of 16 counts as NCHWc; at 8 mod 16 channels an AVX2 CPU would
+take NCHWc where this order follows AVX-512's.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, te
+
+from .layer_norm import _static_length, _trailing, _unflattened
+
+LANES = 4  # an SSE packet of floats
+BOUNDARY = 4  # floats per 16 bytes
+NCHWC_BLOCK = 16  # channels per block of onnxruntime's NCHWc layout with AVX-512
+ROW_SUM_LANES, ROW_SUM_EDGES, ROW_SUM, ROW_MEAN = "row_sum_lanes", "row_sum_edges", "row_sum", "row_mean"
+EDGES = LANES + (BOUNDARY - 1) + (LANES - 1)  # a last group of four, at most three before, three after
+
+
+def is_stage(block) -> bool:
+    """Whether the block is a stage of a row sum in onnxruntime's order: its lanes are Eigen's,
+    not the schedule's to choose (schedule.factor_row_reductions leaves it alone)."""
+    return block.name_hint.startswith((ROW_SUM_LANES, ROW_SUM_EDGES, ROW_SUM, ROW_MEAN))
+
+
+def is_edges(block) -> bool:
+    """The stage of a row's elements outside its two accumulators."""
+    return block.name_hint.startswith(ROW_SUM_EDGES)
+
+
+def is_row_total(block) -> bool:
+    """The per-row sum (or mean) after the lanes: about twenty operations per row, which
+    inlining would repeat for every element its consumer reads it at (a row's Sub, Div)."""
+    return block.name_hint.startswith((ROW_SUM, ROW_MEAN)) and not block.name_hint.startswith((ROW_SUM_LANES, ROW_SUM_EDGES))
+
+
+def is_gathered(block) -> bool:
+    """A stage whose values each row gathers from its own positions (the edges, and the total
+    that adds them): vectorized across rows, every lane would load from its own offset."""
+    return is_edges(block) or (is_row_total(block) and any(read.source.name.startswith(ROW_SUM_EDGES)
+                                                           for read in block.reads))
+
+
+def _i64(value: int) -> tvm.tirx.PrimExpr:
+    return tvm.tirx.const(value, "int64")
+
+
+def _flat_row(row, extents) -> tvm.tirx.PrimExpr:
+    """The row-major position of a row's coordinates among all rows."""
+    flat = _i64(0)
+    for extent, coord in zip(extents, row):
+        flat = flat * extent + coord
+    return flat
+
+
+def row_sum_as_onnxruntime(data: te.Tensor, first: int, n: int) -> te.Tensor:
+    """The sum of each row (axes `first`.. of `data`, n elements in all) in onnxruntime's order."""
+    dtype = data.dtype
+    zero = tvm.tirx.const(-0.0, dtype)
+    rows = list(data.shape[:first])
+    extents = [int(extent) for extent in data.shape[first:]]
+
+    def head(row):
+        """Elements before the row's first 16-byte boundary."""
+        offset = tvm.tirx.floormod(_flat_row(row, rows) * _i64(n), _i64(BOUNDARY))
+        return tvm.tirx.min(tvm.tirx.floormod(_i64(BOUNDARY) - offset, _i64(BOUNDARY)), _i64(n))
+
+    def element(row, flat, used):
+        return tvm.tirx.Select(used, data(*row, *_unflattened(flat, extents)), zero)
+
+    def in_pairs(h):  # elements the two accumulators take
+        return tvm.tirx.floordiv(_i64(n) - h, _i64(2 * LANES)) * _i64(2 * LANES)
+
+    def in_groups(h):  # elements in whole groups of four from the boundary
+        return tvm.tirx.floordiv(_i64(n) - h, _i64(LANES)) * _i64(LANES)
+
+    accumulated = None
+    if n >= 2 * LANES:
+        step = te.reduce_axis((_i64(0), _i64(n // (2 * LANES))), name="k_pair")
+
+        def accumulator(*index):
+            *row, which, lane = index
+            h = head(row)
+            group = step * _i64(2 * LANES) + which * _i64(LANES)  # whole groups: one test for the four lanes
+            return te.sum(element(row, h + group + lane, group < in_pairs(h)), axis=step)
+
+        accumulated = te.compute(rows + [_i64(2), _i64(LANES)], accumulator, name=ROW_SUM_LANES)
+
+    if n % BOUNDARY == 0:  # every row starts on a boundary: no head, no tail
+        def total(*row):
+            lanes = [accumulated(*row, _i64(0), _i64(lane)) + accumulated(*row, _i64(1), _i64(lane))
+                     if accumulated is not None else zero for lane in range(LANES)]
+            if n % (2 * LANES):  # a last group of four
+                lanes = [value + element(row, _i64(n - LANES + lane), True) for lane, value in enumerate(lanes)]
+            return (lanes[0] + lanes[2]) + (lanes[1] + lanes[3])
+
+        return te.compute(rows, total, name=ROW_SUM)
+
+    # Rows split four ways: the elements outside the two accumulators (the last group of four,
+    # the head, the tail) are one stage with one load of the row, EDGES per row. Read by the
+    # total in place, the row was loaded eleven times, which made the schedule materialize
+    # whatever computed it (and vectorize that across rows, a gather per lane).
+    def edge(*index):
+        *row, slot = index
+        h = head(row)
+        pairs, groups = in_pairs(h), in_groups(h)
+        k = slot - _i64(LANES)
+        q = slot - _i64(LANES + BOUNDARY - 1)
+        position = tvm.tirx.Select(slot < _i64(LANES), h + pairs + slot,
+                                   tvm.tirx.Select(q < _i64(0), k, h + groups + q))
+        used = tvm.tirx.Select(slot < _i64(LANES), groups > pairs,
+                               tvm.tirx.Select(q < _i64(0), k < h, position < _i64(n)))
+        return element(row, tvm.tirx.Select(used, position, _i64(0)), used)
+
+    edges = te.compute(rows + [_i64(EDGES)], edge, name=ROW_SUM_EDGES)
+
+    def total(*row):
+        lanes = []
+        for lane in range(LANES):
+            value = (accumulated(*row, _i64(0), _i64(lane)) + accumulated(*row, _i64(1), _i64(lane))
+                     if accumulated is not None else zero)
+            lanes.append(value + edges(*row, _i64(lane)))
+        value = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3])
+        for slot in range(LANES, EDGES):  # the head, then the tail
+            value = value + edges(*row, _i64(slot))
+        return value
+
+    return te.compute(rows, total, name=ROW_SUM)
+
+
+def global_average_as_onnxruntime(data: te.Tensor) -> te.Tensor:
+    """GlobalAveragePool of float32 [N, C, spatial...] with static spatial dims, as onnxruntime's
+    kernel sums (the module docstring); keeps the spatial axes as ones."""
+    dtype, rank = data.dtype, len(data.shape)
+    rows = list(data.shape[:2])
+    extents = [int(extent) for extent in data.shape[2:]]
+    n = _static_length(data.shape[2:])
+    zero = tvm.tirx.const(-0.0, dtype)
+
+    def element(row, flat):
+        return data(*row, *_unflattened(_i64(flat) if isinstance(flat, int) else flat, extents))
+
+    if rank == 4 and _static_length(data.shape[1:2]) and int(data.shape[1]) % NCHWC_BLOCK == 0:
+        spatial = te.reduce_axis((_i64(0), _i64(n)), name="k_spatial")
+        sums = te.compute(rows, lambda *row: te.sum(element(row, spatial), axis=spatial), name=ROW_SUM)
+        return te.compute(rows + [_i64(1)] * (rank - 2), lambda *index: sums(*index[:2]) / tvm.tirx.const(n, dtype),
+                          name=ROW_MEAN)
+
+    accumulated = None
+    if n >= LANES:
+        step = te.reduce_axis((_i64(0), _i64(n // LANES)), name="k_group")
+        accumulated = te.compute(rows + [_i64(LANES)], lambda *index: te.sum(
+            element(index[:-1], step * _i64(LANES) + index[-1]), axis=step), name=ROW_SUM_LANES)
+
+    def average(*index):
+        row = index[:2]
+        lanes = [accumulated(*row, _i64(lane)) if accumulated is not None else zero for lane in range(LANES)]
+        value = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3])
+        for flat in range(n // LANES * LANES, n):
+            value = value + element(row, flat)
+        return value / tvm.tirx.const(n, dtype)
+
+    return te.compute(rows + [_i64(1)] * (rank - 2), average, name=ROW_MEAN)
+
+
+def global_average_pool(bb: relax.BlockBuilder, data: relax.Expr) -> relax.Expr | None:
+    """The pool in onnxruntime's order where it is known here (float32, static spatial dims),
+    else None."""
+    shape = data.ty.shape.values if isinstance(data.ty.shape, relax.ShapeExpr) else None
+    if data.ty.dtype != "float32" or shape is None or len(shape) < 3 or not _static_length(shape[2:]):
+        return None
+    return bb.emit_te(global_average_as_onnxruntime, data, primfunc_name_hint="global_average_pool")
+
+
+def _reduced(data: te.Tensor, axis, keepdims: bool, mean: bool) -> te.Tensor | None:
+    """The sum (or mean) of `data` over `axis` in onnxruntime's order, or None where that order
+    is not known here (another dtype, axes that are not the trailing ones, a symbolic row)."""
+    rank = len(data.shape)
+    axes = list(range(rank)) if axis is None else [int(a) for a in axis]
+    first = _trailing(axes, rank) if rank else None
+    n = _static_length(data.shape[first:]) if first is not None else None
+    if data.dtype != "float32" or first is None or not n:
+        return None
+    sums = row_sum_as_onnxruntime(data, first, n)
+    result = te.compute(sums.shape, lambda *r: sums(*r) / tvm.tirx.const(n, data.dtype),
+                        name=ROW_MEAN) if mean else sums
+    if not keepdims:
+        return result
+    ones = [_i64(1)] * (rank - first)
+    return te.compute(list(result.shape) + ones, lambda *i: result(*i[:first]), name="row_sum_kept")
+
+
+def _legalize(mean: bool, fallback: str):
+    def legalize(bb: relax.BlockBuilder, call):
+        data = call.args[0]
+        attrs = call.attrs
+        axis = None if attrs.axis is None else [int(a) for a in attrs.axis]
+        if isinstance(data.ty, relax.TensorType) and isinstance(data.ty.shape, relax.ShapeExpr):
+            probe = te.placeholder(data.ty.shape.values, data.ty.dtype)
+            if _reduced(probe, axis, bool(attrs.keepdims), mean) is not None:
+                return bb.call_te(lambda x: _reduced(x, axis, bool(attrs.keepdims), mean), data,
+                                  primfunc_name_hint="mean" if mean else "sum")
+        return tvm.ir.Op.get(fallback).get_attr("FLegalize")(bb, call)
+    return legalize
+
+
+legalize_sum = _legalize(mean=False, fallback="relax.sum")
+legalize_mean = _legalize(mean=True, fallback="relax.mean")
