@@ -15,7 +15,8 @@ The passes, in order (each file states its guarantee):
    BatchNormalization after a Conv folded into it as onnxruntime folds it
    (`fold_batch_norms.py`), shape plumbing
    resolved (`shape_plumbing.py`), dims sized by that plumbing named where exact
-   (`plumbed_dims.py`), dead nodes and initializers removed (onnx-ir's
+   (`plumbed_dims.py`), a Slice of an axis' last element and the Squeeze of that axis written as
+   one Gather (`last_element_gathers.py`), dead nodes and initializers removed (onnx-ir's
    RemoveUnusedNodesPass).
 
 Everything works on onnx-ir's in-memory model; the loader hands in and gets back a ModelProto.
@@ -38,6 +39,7 @@ from .drop_noop_casts import DropNoOpCastsPass
 from .fold_batch_norms import FoldBatchNormsPass
 from .fold_constants import MAX_FOLDED_ELEMENTS, FoldConstantsPass
 from .infer_shapes import InferShapesPass
+from .last_element_gathers import LastElementGathersPass
 from .lift_constants import LiftConstantsPass
 from .name_input_dims import NameUnknownInputDimsPass
 from .plumbed_dims import NamePlumbedDimsPass
@@ -57,6 +59,7 @@ def canonical_passes(max_folded_elements: int = MAX_FOLDED_ELEMENTS) -> ir.passe
             FoldBatchNormsPass(),
             ResolveShapePlumbingPass(),
             NamePlumbedDimsPass(),
+            LastElementGathersPass(),
             RemoveUnusedNodesPass(),
         ],
         steps=MAX_ROUNDS,
