@@ -333,6 +333,18 @@ def test_group_input_the_kernel_does_not_read_is_a_compile_error(tmp_path, targe
         compile_group(model, "k", target, tmp_path)
 
 
+def test_group_reading_an_input_only_for_its_shape_is_a_compile_error(tmp_path, target):
+    """tf2onnx builds an RNN's zero state as Expand(0, Concat(Shape(x)[0:1], [16])): TVM then passes
+    x's dim to the kernel, not x, and checking the kernel failed with "TypeError: expected int"."""
+    nodes = [h.make_node("Shape", ["x"], ["s"]), h.make_node("Slice", ["s", "zero", "one"], ["b"]),
+             h.make_node("Concat", ["b", "width"], ["target"], axis=0), h.make_node("Expand", ["fill", "target"], ["y"])]
+    inits = {name: np.array(value, np.int64) for name, value in (("zero", [0]), ("one", [1]), ("width", [16]))}
+    inits["fill"] = np.array(0.0, np.float32)
+    model = make_model(nodes, [f32("x", ["N", 10, 16])], [f32("y", ["N", 16])], inits, opset=13)
+    with pytest.raises(CompileError, match="only for its shape"):
+        compile_group(model, "k", target, tmp_path)
+
+
 def test_random_feeds_of_rank_zero_are_arrays():
     """onnxruntime refuses numpy scalars; a 0-d bool input once made verification skip a group."""
     from onnxfuse.measure.inputs import random_array

@@ -27,6 +27,7 @@ import tvm
 from onnx import numpy_helper
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
+from tvm.tirx.buffer import is_buffer_var
 
 from ..errors import CompileError, short_reason
 from ..kernel_spec import DerivedDim, Dim
@@ -264,6 +265,11 @@ def import_group(model: onnx.ModelProto, name: str, fast_math: bool = True) -> I
         # pass more tensors than the kernel takes.
         raise CompileError(f"fuse: the kernel reads {len(prim.params) - len(output_types)} of the group's "
                            f"{len(sources)} inputs; a group must use all of them")
+    if not all(is_buffer_var(param) for param in prim.params):
+        # TVM passes the dims of an input read only for its shape (`Shape(x)` feeding an Expand),
+        # not the tensor, where the custom node hands the kernel tensors (it failed as a
+        # TypeError when the kernel was checked).
+        raise CompileError("fuse: the group reads an input only for its shape; such a group is left to onnxruntime")
     return ImportedGroup(prim, sources, extra, len(sources), input_types, output_types)
 
 
