@@ -89,3 +89,12 @@ def test_a_global_average_pool_is_onnxruntimes(tmp_path, shape):
     m = model([node("GlobalAveragePool", ["x"], "r"), node("Neg", ["r"], "y")], {"x": shape},
               {"y": shape[:2] + (1,) * (len(shape) - 2)})
     _check(m, tmp_path, batches=(1, 3, 64))
+
+
+# Axes in the middle: onnxruntime sums as MLAS's one-row product by ones over [R, K] (groups of
+# four), or in order where the batch before them is one row; Hummingbird's random forest sums its
+# trees over [N, 100, 2] so.
+@pytest.mark.parametrize("op, shape, axes", [("ReduceSum", ("N", 100, 2), (1,)), ("ReduceMean", ("N", 37, 5), (1,)),
+                                             ("ReduceSum", ("N", 3, 10, 6), (1, 2)), ("ReduceSum", ("N", 2, 3), (1,))])
+def test_a_sum_over_middle_axes_is_onnxruntimes_at_every_batch(tmp_path, op, shape, axes):
+    _check(_row_sum_model(op, shape, axes, keepdims=0), tmp_path, batches=(1, 2, 7))

@@ -10,6 +10,13 @@ is no multiple of 4 the rows split four ways. ReduceMean divides the sum by n. T
 onnxruntime bit for bit on rows of 1 to 1,000 elements, one or several trailing axes, kept or
 dropped; TVM's sum, in the schedule's order, differed in the last bit in about 70% of the rows.
 
+Over axes in the middle (onnxruntime's "KRK" case: elements before and after them), each
+output is MLAS's one-row product of ones by the [R, K] block: the reduced values in groups of
+four, each group summed left to right, the groups added in turn from +0.0, then a pair and a
+single value if R leaves them (Hummingbird's random forest sums its 100 trees so). With one
+element before the axes ("RK") onnxruntime adds the values in order instead, so a symbolic batch
+takes both and picks at run time.
+
 One expression serves every split: a position a row does not use adds -0.0, IEEE addition's
 identity (-0.0 + x is x for every x, -0.0 included), so the loops keep static extents.
 
@@ -25,15 +32,20 @@ take NCHWc where this order follows AVX-512's.
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import tvm
 from tvm import relax, te
 
-from .layer_norm import _static_length, _trailing, _unflattened
+from . import tir_walk
+from .layer_norm import _static_length, _unflattened
 
 LANES = 4  # an SSE packet of floats
 BOUNDARY = 4  # floats per 16 bytes
 NCHWC_BLOCK = 16  # channels per block of onnxruntime's NCHWc layout with AVX-512
 ROW_SUM_LANES, ROW_SUM_EDGES, ROW_SUM, ROW_MEAN = "row_sum_lanes", "row_sum_edges", "row_sum", "row_mean"
+ROW_SUM_IN_ORDER, ROW_SUM_GROUPS = "row_sum_in_order", "row_sum_groups"  # over middle axes
 EDGES = LANES + (BOUNDARY - 1) + (LANES - 1)  # a last group of four, at most three before, three after
 
 
@@ -192,22 +204,75 @@ def global_average_pool(bb: relax.BlockBuilder, data: relax.Expr) -> relax.Expr 
     return bb.emit_te(global_average_as_onnxruntime, data, primfunc_name_hint="global_average_pool")
 
 
+def middle_sum_as_onnxruntime(data: te.Tensor, first: int, last: int) -> te.Tensor:
+    """The sum over axes first..last-1 (static, with static axes after them) of `data`, as
+    onnxruntime takes it (the module docstring): in order where the axes before them hold one
+    element, else as MLAS's one-row product by ones; the reduced axes dropped."""
+    dtype = data.dtype
+    leading, trailing = list(data.shape[:first]), list(data.shape[last:])
+    extents = [int(extent) for extent in data.shape[first:last]]
+    n = _static_length(data.shape[first:last])
+
+    def element(index, flat):
+        return data(*index[:first], *_unflattened(_i64(flat) if isinstance(flat, int) else flat, extents),
+                    *index[first:])
+
+    every = te.reduce_axis((_i64(0), _i64(n)), name="k_in_order")
+    in_order = te.compute(leading + trailing, lambda *i: te.sum(element(i, every), axis=every), name=ROW_SUM_IN_ORDER)
+    groups = n // LANES
+    grouped = None
+    if groups:
+        group = te.reduce_axis((_i64(0), _i64(groups)), name="k_group")
+
+        def group_sum(*i):
+            start = group * _i64(LANES)
+            return te.sum(((element(i, start) + element(i, start + _i64(1))) + element(i, start + _i64(2)))
+                          + element(i, start + _i64(3)), axis=group)
+
+        grouped = te.compute(leading + trailing, group_sum, name=ROW_SUM_GROUPS)
+    rows = functools.reduce(operator.mul, leading, _i64(1))
+
+    def total(*i):
+        value = grouped(*i) if grouped is not None else tvm.tirx.const(-0.0, dtype)
+        position = groups * LANES
+        if n - position >= 2:
+            value = (element(i, position) + element(i, position + 1)) + value
+            position += 2
+        if n - position == 1:
+            value = element(i, position) + value
+        value = value + tvm.tirx.const(0.0, dtype)  # MLAS starts from +0.0: a sum of -0.0s is +0.0
+        static_rows = tir_walk.static_int(rows)
+        if static_rows is not None:
+            return in_order(*i) if static_rows == 1 else value
+        return tvm.tirx.Select(rows == _i64(1), in_order(*i), value)
+
+    return te.compute(leading + trailing, total, name=ROW_SUM)
+
+
 def _reduced(data: te.Tensor, axis, keepdims: bool, mean: bool) -> te.Tensor | None:
     """The sum (or mean) of `data` over `axis` in onnxruntime's order, or None where that order
-    is not known here (another dtype, axes that are not the trailing ones, a symbolic row)."""
+    is not known here (another dtype, axes that are not contiguous, a symbolic extent)."""
     rank = len(data.shape)
-    axes = list(range(rank)) if axis is None else [int(a) for a in axis]
-    first = _trailing(axes, rank) if rank else None
-    n = _static_length(data.shape[first:]) if first is not None else None
-    if data.dtype != "float32" or first is None or not n:
+    axes = sorted({int(a) % rank for a in (range(rank) if axis is None else axis)}) if rank else []
+    if data.dtype != "float32" or not axes or axes != list(range(axes[0], axes[-1] + 1)):
         return None
-    sums = row_sum_as_onnxruntime(data, first, n)
+    first, last = axes[0], axes[-1] + 1
+    n = _static_length(data.shape[first:last])
+    if not n:
+        return None
+    if last == rank:
+        sums = row_sum_as_onnxruntime(data, first, n)
+    elif (_static_length(data.shape[last:]) or 1) > 1:
+        sums = middle_sum_as_onnxruntime(data, first, last)
+    else:  # axes after the reduced ones, all of one element (or symbolic): not known here
+        return None
     result = te.compute(sums.shape, lambda *r: sums(*r) / tvm.tirx.const(n, data.dtype),
                         name=ROW_MEAN) if mean else sums
     if not keepdims:
         return result
-    ones = [_i64(1)] * (rank - first)
-    return te.compute(list(result.shape) + ones, lambda *i: result(*i[:first]), name="row_sum_kept")
+    ones = [_i64(1)] * (last - first)
+    return te.compute(list(data.shape[:first]) + ones + list(data.shape[last:]),
+                      lambda *i: result(*i[:first], *i[last:]), name="row_sum_kept")
 
 
 def _legalize(mean: bool, fallback: str):
