@@ -48,6 +48,12 @@ One more kind of node stays with onnxruntime for how our schedule handles it, no
   streams the weights faster. The fully connected layers of light_bvlc_alexnet ([1, 9216] @
   [9216, 4096], 151 MB) and light_zfnet512 left them at 0.91x and 0.92x of onnxruntime at batch 1.
 
+- a matrix product over more than 256 k's (MLAS_K_BLOCK: onnxruntime sums K in blocks of 256,
+  and so does our kernel, which stores and reloads each block's sums per register tile), with
+  its elementwise chain: onnxruntime's GEMM is at this machine's peak there and ours not faster.
+  PyTorch's MNIST MLP (784 -> 320 -> 64 -> 10) ran 1.26-1.30x at batch 1 but 0.92-0.95x at 64
+  and 0.94-0.97x at 1,000 (default sweep, 2026-11-28), once its kernel built at every level.
+
 And one kind of group:
 
 - a group that only moves data (every op injective: Transpose, Reshape, Gather, Concat, ...):
@@ -63,6 +69,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..codegen import gemm_shapes
+from ..fusion.onnxruntime_fused_ops import MLAS_K_BLOCK
 from ..fusion.plan import FusedGroup
 from ..ir import Graph, Node
 from ..ops import OpKind, op_info, uncompetitive_ops
@@ -104,6 +111,10 @@ def leave_to_onnxruntime(graph: Graph) -> dict[int, str]:
     reasons: dict[int, str] = {}
     ours = competitive_convolutions(graph)
     for node in graph.nodes:
+        if is_long_product(graph, node):
+            for index in [node.index, *(n.index for n in _elementwise_chain(graph, node))]:
+                reasons[index] = ("auto: a matrix product over more than 256 k's, or its elementwise epilogue: "
+                                  "onnxruntime's blocked GEMM is as fast there, and faster from 64 rows")
         if is_large_gemv(graph, node):
             for index in [node.index, *(n.index for n in _elementwise_chain(graph, node))]:
                 reasons[index] = ("auto: a matrix-vector product over large weights, or its elementwise epilogue: "
@@ -209,6 +220,18 @@ def is_large_gemv(graph: Graph, node: Node) -> bool:
     if not out.is_static or len(out.shape) < 2 or int(np.prod(out.shape[:-1])) != 1:
         return False
     return any(name and (graph.value(name).numel or 0) > GEMV_WEIGHT_LIMIT for name in node.inputs)
+
+
+def is_long_product(graph: Graph, node: Node) -> bool:
+    """A MatMul or Gemm whose K (the weight's reduced axis) is static and over MLAS_K_BLOCK."""
+    if node.op_type not in MATRIX_PRODUCTS or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+        return False
+    weight = graph.value(node.inputs[1]).shape
+    if not weight or len(weight) < 2:
+        return False
+    transposed = node.op_type == "Gemm" and node.attributes.get("transB", 0)
+    k = weight[-1] if transposed else weight[-2]
+    return isinstance(k, int) and k > MLAS_K_BLOCK
 
 
 def has_symbolic_columns(graph: Graph, node: Node) -> bool:
