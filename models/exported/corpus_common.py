@@ -274,6 +274,19 @@ def failed_entry(entry: dict, exc: BaseException) -> dict:
     return entry
 
 
+def export_recorded(entries: dict, name: str, path: str, entry: dict, export) -> None:
+    """Runs `export()`, which writes `path` and returns the model's manifest entry; an exporter
+    that fails is recorded in the manifest (its error, no file) instead of stopping the part."""
+    try:
+        entries[name] = export()
+    except Exception as exc:  # recorded in the manifest, not fatal
+        if os.path.exists(path):
+            os.remove(path)
+        entries[name] = failed_entry(entry, exc)
+    print(f"{name}: {entries[name]['status']} "
+          f"{entries[name].get('node_count', entries[name].get('error', ''))}", flush=True)
+
+
 def merge_manifest(entries: dict, part: str) -> None:
     """Replaces this part's entries in manifest.json, keeping the other part's."""
     manifest = {"format": 1, "models": {}}

@@ -19,7 +19,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
-from corpus_common import HERE, SEED, failed_entry, save_model  # noqa: E402
+from corpus_common import HERE, SEED, export_recorded, save_model  # noqa: E402
 
 OPSET = 17
 
@@ -136,7 +136,8 @@ def _one(name: str, spec, entries: dict) -> None:
              "options": {"opset": OPSET, "input_signature": [list(shape)]}}
     if os.path.exists(path):
         os.remove(path)
-    try:
+
+    def export() -> dict:
         model = build()
         _randomize(model, rng)
         fed = [rows if d is None and i == 0 else (7 if d is None else d) for i, d in enumerate(shape)]
@@ -145,13 +146,9 @@ def _one(name: str, spec, entries: dict) -> None:
         signature = (tf.TensorSpec(shape, tf.float32, name="x"),)
         tf2onnx.utils.INTERNAL_NAME = 1  # its generated names (`unk__<n>` dims) count per process
         tf2onnx.convert.from_keras(model, input_signature=signature, opset=OPSET, output_path=path)
-        entries[name] = save_model(name, path, {"x": x}, entry, reference=reference)
-    except Exception as exc:  # recorded in the manifest, not fatal
-        if os.path.exists(path):
-            os.remove(path)
-        entries[name] = failed_entry(entry, exc)
-    print(f"{name}: {entries[name]['status']} "
-          f"{entries[name].get('node_count', entries[name].get('error', ''))}", flush=True)
+        return save_model(name, path, {"x": x}, entry, reference=reference)
+
+    export_recorded(entries, name, path, entry, export)
 
 
 def build(only=None) -> dict:

@@ -12,7 +12,7 @@ import warnings
 
 import numpy as np
 import torch
-from corpus_common import HERE, SEED, failed_entry, save_model
+from corpus_common import HERE, SEED, export_recorded, failed_entry, save_model
 from torch import nn
 
 LEGACY_OPSET = 17
@@ -485,20 +485,17 @@ def _one(spec, exporter, entries, only=None):
              "source": "models/exported/corpus_torch.py"}
     if os.path.exists(path):
         os.remove(path)
-    try:
+
+    def export() -> dict:
         ref = _reference(module, spec)
         if exporter == "dynamo":
             entry["options"] = _export_dynamo(module, spec, path)
         else:
             entry["options"] = _export_legacy(module, spec, path)
-        entries[name] = save_model(name, path, spec["feeds"], entry, reference=ref,
-                                   rtol=spec.get("rtol", 1e-4), atol=spec.get("atol", 1e-4))
-    except Exception as exc:  # recorded in the manifest, not fatal
-        if os.path.exists(path):
-            os.remove(path)
-        entries[name] = failed_entry(entry, exc)
-    print(f"{name}: {entries[name]['status']} "
-          f"{entries[name].get('node_count', entries[name].get('error', ''))}", flush=True)
+        return save_model(name, path, spec["feeds"], entry, reference=ref,
+                          rtol=spec.get("rtol", 1e-4), atol=spec.get("atol", 1e-4))
+
+    export_recorded(entries, name, path, entry, export)
 
 
 def _branchy(entries, only=None):
