@@ -57,11 +57,13 @@ translates faithfully.
    with onnxruntime 1.32, pinned by test_ieee_special_ops), which the spec's select does not;
    a Pow(-1) after it is +inf, where a plain select gives -inf (fuzzer, November 26, seed 61). The
    first branch is written `x + 0.0`, which maps -0.0 to +0.0 and keeps every other value.
-9. A MatMul, or a Gemm without C, over a K of 1: onnxruntime's GEMM starts each sum from +0.0,
-   so a product of -0.0 (x = -0.0 times a positive weight) comes out +0.0; the kernel's single
-   product kept its -0.0, and a Div by it gave -inf for +inf (fuzzer, November 26, seed 92).
-   Written `MatMul + 0.0` (`Gemm + 0.0`). Over a K of 2 or more the kernel's sum starts from +0.0
-   as well.
+9. (No rewrite any more.) A MatMul, or a Gemm without C, over a K of 1: onnxruntime's GEMM
+   fuses the product into a sum started from +0.0, so a product of -0.0 (x = -0.0 times a
+   positive weight) comes out +0.0, while an underflowing one (1e-45 x -0.25) keeps its sign; the
+   kernel's lone product kept -0.0 and a Div by it gave -inf for +inf (fuzzer, November 26, seed
+   92). It was written `MatMul + 0.0`; since every dot product starts from +0.0
+   (reduction_identities.py), the kernel computes that fused product itself, and the extra add
+   turned the underflowing product's -0.0 into +0.0.
 """
 
 from __future__ import annotations
@@ -261,30 +263,6 @@ def _rewrite_where(node, elem_types, prefix: str, constants: dict):
     return b
 
 
-def _inner_length(node, shapes):
-    """K of a MatMul or Gemm, if static."""
-    b_shape = shapes.get(node.input[1])
-    if not b_shape:
-        return None
-    if node.op_type == "Gemm":
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return b_shape[1] if trans_b else b_shape[0]
-    return b_shape[-2] if len(b_shape) >= 2 else b_shape[0]
-
-
-def _rewrite_single_product(node, elem_types, shapes, prefix: str):
-    float_type = _FLOATS_AND_HALF.get(elem_types.get(node.output[0]))
-    with_bias = node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]
-    if float_type is None or with_bias or _inner_length(node, shapes) != 1:
-        return None
-    b = _Builder(prefix, float_type)
-    b.nodes.append(helper.make_node(node.op_type, list(node.input), [b._name("product")], name=node.name,
-                                    domain=node.domain))
-    b.nodes[-1].attribute.extend(node.attribute)
-    b.op("Add", b.nodes[-1].output[0], b.constant(0.0), output=node.output[0])
-    return b
-
-
 def _where_branches(model: onnx.ModelProto) -> set[str]:
     return {n.input[1] for n in model.graph.node if n.op_type == "Where" and n.domain in ("", "ai.onnx")}
 
@@ -304,7 +282,7 @@ def _types_and_shapes(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str,
 
 def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model` (a group) with Clip, float→int Cast, Softplus, float16 Sign, float64 Sigmoid,
-    float64 Tanh, scaled Gemm, float Where and single-product MatMul nodes rewritten as above; the
+    float64 Tanh, scaled Gemm and float Where nodes rewritten as above; the
     same object when there is nothing to rewrite."""
     rewritten_ops = ("Clip", "Cast", "Softplus", "Sign", "Sigmoid", "Tanh", "Gemm", "Where", "MatMul")
     if not any(n.op_type in rewritten_ops and n.domain in ("", "ai.onnx") for n in model.graph.node):
@@ -330,12 +308,9 @@ def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
         elif node.domain in ("", "ai.onnx") and node.op_type == "Tanh":
             rewrite = _rewrite_float64_tanh(node, elem_types, prefix)
         elif node.domain in ("", "ai.onnx") and node.op_type == "Gemm":
-            rewrite = (_rewrite_gemm_alpha(node, elem_types, prefix, opset)
-                       or _rewrite_single_product(node, elem_types, shapes, prefix))
+            rewrite = _rewrite_gemm_alpha(node, elem_types, prefix, opset)
         elif node.domain in ("", "ai.onnx") and node.op_type == "Where":
             rewrite = _rewrite_where(node, elem_types, prefix, constants)
-        elif node.domain in ("", "ai.onnx") and node.op_type == "MatMul":
-            rewrite = _rewrite_single_product(node, elem_types, shapes, prefix)
         if rewrite is None:
             nodes.append(node)
             continue
