@@ -267,28 +267,24 @@ def _where_branches(model: onnx.ModelProto) -> set[str]:
     return {n.input[1] for n in model.graph.node if n.op_type == "Where" and n.domain in ("", "ai.onnx")}
 
 
-def _types_and_shapes(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str, list]]:
-    """Every value's element type and dims (an int, or None where not static), from one shape
-    inference."""
+def _element_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Every value's element type, from one shape inference."""
     graph = onnx.shape_inference.infer_shapes(model).graph
     values = list(graph.input) + list(graph.value_info) + list(graph.output)
     types = {v.name: v.type.tensor_type.elem_type for v in values}
     types.update({i.name: i.data_type for i in graph.initializer})
-    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
-              for v in values}
-    shapes.update({i.name: list(i.dims) for i in graph.initializer})
-    return types, shapes
+    return types
 
 
 def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model` (a group) with Clip, float→int Cast, Softplus, float16 Sign, float64 Sigmoid,
     float64 Tanh, scaled Gemm and float Where nodes rewritten as above; the
     same object when there is nothing to rewrite."""
-    rewritten_ops = ("Clip", "Cast", "Softplus", "Sign", "Sigmoid", "Tanh", "Gemm", "Where", "MatMul")
+    rewritten_ops = ("Clip", "Cast", "Softplus", "Sign", "Sigmoid", "Tanh", "Gemm", "Where")
     if not any(n.op_type in rewritten_ops and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-    elem_types, shapes = _types_and_shapes(model)
+    elem_types = _element_types(model)
     where_branches = _where_branches(model)
     constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name in where_branches}
     nodes, initializers, changed = [], [], False
