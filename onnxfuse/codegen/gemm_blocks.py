@@ -29,6 +29,7 @@ from tvm.relax.frontend.onnx import onnx_frontend
 
 from ..fusion.onnxruntime_fused_ops import MLAS_K_BLOCK
 from . import tir_walk
+from .index_math import i64
 from .rounded_products import multiply_added, rounded
 
 ONNXRUNTIME_K_BLOCK = MLAS_K_BLOCK
@@ -70,34 +71,29 @@ def is_stage(block) -> bool:
     return block.name_hint.startswith((BLOCK_SUMS, BLOCKS_SUM, TAIL_SUM))
 
 
-def _i64(value: int):
-    """An index constant of TVM's shape type (int64), so that no index mixes int32 and int64."""
-    return tvm.tirx.const(value, "int64")
-
-
 def matmul_in_blocks(data: te.Tensor, weight: te.Tensor, bias: te.Tensor | None = None) -> te.Tensor:
     """data @ weight (+ bias, added first), summed as onnxruntime sums it (module doc)."""
     *rows, depth = data.shape
     depth, columns = int(depth), int(weight.shape[1])
     zero = tvm.tirx.const(0.0, data.dtype)
     blocks, tail = divmod(depth, ONNXRUNTIME_K_BLOCK)
-    k_in_block = te.reduce_axis((_i64(0), _i64(ONNXRUNTIME_K_BLOCK)), name="k")
+    k_in_block = te.reduce_axis((i64(0), i64(ONNXRUNTIME_K_BLOCK)), name="k")
 
     def block_sum(*index):
         *row, block, column = index
-        k = block * _i64(ONNXRUNTIME_K_BLOCK) + k_in_block
+        k = block * i64(ONNXRUNTIME_K_BLOCK) + k_in_block
         # A plain sum: a loop of 256 steps is not unrolled whole (the tail's is, below), and the
         # fence of multiply_added here made LLVM spill the register tile in the k loop
         # (`[N, 768] @ [768, 64]` at half onnxruntime's speed).
         return te.sum(data[(*row, k)] * weight[k, column], axis=k_in_block)
 
-    block = te.reduce_axis((_i64(0), _i64(blocks)), name="b")
+    block = te.reduce_axis((i64(0), i64(blocks)), name="b")
     if blocks == 1:  # one whole block and a ragged one: the first is a product like any other
-        total = te.compute((*rows, _i64(columns)), lambda *index: block_sum(*index[:-1], _i64(0), index[-1]),
+        total = te.compute((*rows, i64(columns)), lambda *index: block_sum(*index[:-1], i64(0), index[-1]),
                            name=BLOCKS_SUM)
         biased = (lambda *index: total(*index) + bias[index[-1]]) if bias is not None else total
     else:
-        sums = te.compute((*rows, _i64(blocks), _i64(columns)), block_sum, name=BLOCK_SUMS)
+        sums = te.compute((*rows, i64(blocks), i64(columns)), block_sum, name=BLOCK_SUMS)
 
         def blocks_sum(*index):
             term = sums[(*index[:-1], block, index[-1])]
@@ -105,21 +101,21 @@ def matmul_in_blocks(data: te.Tensor, weight: te.Tensor, bias: te.Tensor | None 
                 term = term + tvm.tirx.Select(block == 0, bias[index[-1]], zero)
             return te.sum(term, axis=block)
 
-        total = biased = te.compute((*rows, _i64(columns)), blocks_sum, name=BLOCKS_SUM)
+        total = biased = te.compute((*rows, i64(columns)), blocks_sum, name=BLOCKS_SUM)
     result = total
     if tail:
         # The last, ragged block is a product of its own: a block of 256 k's with the missing ones
         # selected away put selects between the multiplies and the adds, and LLVM then rounded
         # some products alone (the unrolled rows of a register tile lost their FMAs).
-        k_in_tail = te.reduce_axis((_i64(0), _i64(tail)), name="k")
-        first = _i64(blocks * ONNXRUNTIME_K_BLOCK)
-        tail_sum = te.compute((*rows, _i64(columns)), lambda *index: multiply_added(
+        k_in_tail = te.reduce_axis((i64(0), i64(tail)), name="k")
+        first = i64(blocks * ONNXRUNTIME_K_BLOCK)
+        tail_sum = te.compute((*rows, i64(columns)), lambda *index: multiply_added(
             data[(*index[:-1], first + k_in_tail)] * weight[first + k_in_tail, index[-1]], axis=k_in_tail),
             name=TAIL_SUM)
         # tail + sum, not sum + tail (the same bits): the tail's block comes first, before the
         # product's register tiles, which then add it in. Rounded: a tail of one k is a bare
         # product, which LLVM would fuse into the add.
-        result = te.compute((*rows, _i64(columns)), lambda *index: rounded(tail_sum(*index)) + biased(*index),
+        result = te.compute((*rows, i64(columns)), lambda *index: rounded(tail_sum(*index)) + biased(*index),
                             name=WITH_TAIL)
     return result
 

@@ -31,6 +31,7 @@ import tvm
 from tvm import relax, te, topi
 
 from .fast_math import multiply_add
+from .index_math import static_length, unflattened
 from .rounded_products import multiply_added, rounded
 
 WELFORD_BELOW = 8  # onnxruntime's kernel takes its vectorized path from rows of 8
@@ -43,21 +44,6 @@ def _trailing(axes, rank: int) -> int | None:
     return axes[0] if axes == list(range(axes[0], rank)) else None
 
 
-def _static_length(shape) -> int | None:
-    dims = [int(d) if isinstance(d, (int, tvm.tirx.IntImm)) else None for d in shape]
-    return None if None in dims else functools.reduce(operator.mul, dims, 1)
-
-
-def _unflattened(flat, extents: list[int]) -> list:
-    """The coordinates of a flat position in a row of these static extents (row-major); `flat`
-    an int or an index expression."""
-    coords = []
-    for extent in reversed(extents):
-        coords.append(flat % extent)
-        flat = flat // extent
-    return list(reversed(coords))
-
-
 def _welford_statistics(data: te.Tensor, first: int, n: int, epsilon: float):
     """(mean, std) per row by Welford's update, unrolled over the row's n (< 8) values."""
     dtype = data.dtype
@@ -65,7 +51,7 @@ def _welford_statistics(data: te.Tensor, first: int, n: int, epsilon: float):
     extents = [int(extent) for extent in data.shape[first:]]
 
     def coords(j: int):
-        return [tvm.tirx.const(c, "int64") for c in _unflattened(j, extents)]
+        return [tvm.tirx.const(c, "int64") for c in unflattened(j, extents)]
 
     def chain(*row, final):
         """Let-bound Welford steps over the row, ending in `final(mean, M2)`."""
@@ -98,7 +84,7 @@ def _squares_in_onnxruntimes_order(data: te.Tensor, first: int, n: int, mean: te
     extents = [int(extent) for extent in data.shape[first:]]
 
     def deviation(row, flat):
-        return data(*row, *_unflattened(flat, extents)) - mean(*row)
+        return data(*row, *unflattened(flat, extents)) - mean(*row)
 
     rows = list(data.shape[:first])
     k = te.reduce_axis((0, full // lanes), name="k_lane")
@@ -129,7 +115,7 @@ def layer_norm_as_onnxruntime(data: te.Tensor, gamma: te.Tensor, beta: te.Tensor
     if first is None or data.dtype not in ("float32", "float64"):
         return topi.nn.layer_norm(data, gamma, beta, axis=axes, epsilon=epsilon)
     dtype = data.dtype
-    n = _static_length(data.shape[first:])
+    n = static_length(data.shape[first:])
     split = lambda i: (i[:first], i[first:])  # noqa: E731 - row coordinates, normalized coordinates
 
     if n is not None and n < WELFORD_BELOW:

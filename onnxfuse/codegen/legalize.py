@@ -33,26 +33,10 @@ from tvm import relax, te, topi
 
 from .conv_blocks import legalize_conv2d
 from .gemm_blocks import legalize_matmul
+from .index_math import flat_index, unflattened
 from .layer_norm import legalize_layer_norm
 from .rounded_products import legalize_multiply
 from .row_sums import legalize_mean, legalize_sum
-
-
-def _flat_index(shape, coords):
-    flat = tvm.tirx.const(0, "int64")
-    for extent, coord in zip(shape, coords):
-        flat = flat * extent + coord
-    return flat
-
-
-def _unflatten(flat, shape):
-    """Coordinates of `flat` in `shape`; the outermost one is not wrapped (flat < prod(shape))."""
-    coords = []
-    for extent in reversed(list(shape)[1:]):
-        coords.append(tvm.tirx.floormod(flat, extent))
-        flat = tvm.tirx.floordiv(flat, extent)
-    coords.append(flat)
-    return list(reversed(coords))
 
 
 def reshape_without_wrap(data: te.Tensor, new_shape) -> te.Tensor:
@@ -61,8 +45,8 @@ def reshape_without_wrap(data: te.Tensor, new_shape) -> te.Tensor:
         return te.compute(tuple(new_shape), lambda *_: data(), name="T_reshape")
 
     def element(*coords):
-        flat = _flat_index(new_shape, [tvm.tirx.Cast("int64", c) for c in coords]) if coords else tvm.tirx.const(0, "int64")
-        src = _unflatten(flat, [tvm.tirx.Cast("int64", d) for d in in_shape])
+        flat = flat_index(new_shape, [tvm.tirx.Cast("int64", c) for c in coords])
+        src = unflattened(flat, [tvm.tirx.Cast("int64", d) for d in in_shape], wrap_outermost=False)
         return data(*src)
 
     return te.compute(tuple(new_shape), element, name="T_reshape")

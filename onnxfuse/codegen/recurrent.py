@@ -48,6 +48,7 @@ from ..kernel_spec import KernelSpec, TensorSpec, level_kernel_name
 from ..target import Target
 from . import param_alignment, register_file, sigmoid_clamp
 from .compile import CompiledGroup, _stage, build_object
+from .index_math import i64
 from .recurrent_op import PackedWeights, RecurrentOp, gru_output_gate, gru_reset_gate, pack_weights, read_recurrent_op
 from .rounded_products import rounded
 
@@ -155,10 +156,6 @@ class _OverlappedProjection:
         return _OverlappedProjection(chunk, group, per_block, op.hidden // per_block)
 
 
-def _i64(value):
-    return tvm.tirx.const(value, I64) if isinstance(value, int) else value
-
-
 @dataclass
 class _Buffers:
     x: object
@@ -235,7 +232,7 @@ class _KernelWriter:
                 b.acc_proj = _RegisterTile(OVERLAP_CHUNK, OVERLAP_GROUP, self.lanes)
                 b.slots = _ValueSlots(self.lanes)
                 if len(set(self.op.activations)) == 1:  # one loop over directions: half the code
-                    with T.serial(_i64(0), _i64(len(self.op.directions))) as d:
+                    with T.serial(i64(0), i64(len(self.op.directions))) as d:
                         self.batch_tiles(b, d)
                 else:
                     for d in range(len(self.op.directions)):
@@ -243,7 +240,7 @@ class _KernelWriter:
         return builder.get()
 
     def batch_tiles(self, b: _Buffers, d) -> None:
-        with T.serial(_i64(0), self.batch // TILE_ROWS) as tile:
+        with T.serial(i64(0), self.batch // TILE_ROWS) as tile:
             self.tile(b, d, tile * TILE_ROWS, TILE_ROWS)
         with T.serial(self.batch // TILE_ROWS * TILE_ROWS, self.batch) as row:
             self.tile(b, d, row, 1)
@@ -276,7 +273,7 @@ class _KernelWriter:
             self.projection(b, d, row0, rows)
         else:
             self.projection_of_steps(b, d, row0, overlap.chunk)
-        with T.serial(_i64(0), self.steps) as step:
+        with T.serial(i64(0), self.steps) as step:
             # Without initial_h the state starts at 0: the first step's h @ R^T is 0, R is not read.
             self.gemv_runs = step > 0 if b.init_h is None else None
             t = T.Bind(self.time_of(d, step))
@@ -286,8 +283,8 @@ class _KernelWriter:
     # -- state in and out ---------------------------------------------------------------------
     def initial_state(self, b, d, row0, rows):
         hp = self.blocks * self.lanes
-        with T.serial(_i64(0), _i64(rows)) as r:
-            with T.serial(_i64(0), _i64(hp)) as j:
+        with T.serial(i64(0), i64(rows)) as r:
+            with T.serial(i64(0), i64(hp)) as j:
                 inside = j < self.op.hidden
                 for state, given in ((b.h, b.init_h), (b.c, b.init_c)):
                     if state is b.c and self.op.op_type != "LSTM":
@@ -298,8 +295,8 @@ class _KernelWriter:
 
     def final_state(self, b, d, row0, rows):
         last = self.steps % 2
-        with T.serial(_i64(0), _i64(rows)) as r:
-            with T.serial(_i64(0), _i64(self.op.hidden)) as j:
+        with T.serial(i64(0), i64(rows)) as r:
+            with T.serial(i64(0), i64(self.op.hidden)) as j:
                 if b.y_h is not None:
                     T.buffer_store(b.y_h, b.h[last, r, j], self.state_index(d, row0 + r, j))
                 if b.y_c is not None:
@@ -310,8 +307,8 @@ class _KernelWriter:
         """xp[q] = X[t, row] @ W^T + b_in for q = t * rows + r: per tile of W's columns (its 16 KB
         slice stays in L1 across the tile's pairs), 4 q's at a time, then the rest."""
         pairs = self.steps * rows
-        with T.serial(_i64(0), _i64(self.packed.column_tiles)) as cb:
-            with T.serial(_i64(0), pairs // PROJECTION_ROWS) as quad:
+        with T.serial(i64(0), i64(self.packed.column_tiles)) as cb:
+            with T.serial(i64(0), pairs // PROJECTION_ROWS) as quad:
                 self.projection_rows(b, d, row0, rows, cb, quad * PROJECTION_ROWS, PROJECTION_ROWS)
             with T.serial(pairs // PROJECTION_ROWS * PROJECTION_ROWS, pairs) as q:
                 self.projection_rows(b, d, row0, rows, cb, q, 1)
@@ -335,27 +332,27 @@ class _KernelWriter:
         acc = b.acc_in
         for n, (k_low, k_high) in enumerate(self.k_blocks(self.op.input_size)):
             for q in range(count):
-                with T.unroll(_i64(0), _i64(per_tile)) as c:
-                    with T.vectorized(_i64(0), _i64(v_lanes)) as v:
+                with T.unroll(i64(0), i64(per_tile)) as c:
+                    with T.vectorized(i64(0), i64(v_lanes)) as v:
                         first = b.b_in[d, cb * per_tile + c, v] if n == 0 and not self.onnxruntime_order else _f32(0.0)
                         acc.store(first, q, c, v)
-            with T.serial(_i64(k_low), _i64(k_high)) as k:
+            with T.serial(i64(k_low), i64(k_high)) as k:
                 for q in range(count):
                     xk = x_of(q, k)
-                    with T.unroll(_i64(0), _i64(per_tile)) as c:
-                        with T.vectorized(_i64(0), _i64(v_lanes)) as v:
+                    with T.unroll(i64(0), i64(per_tile)) as c:
+                        with T.vectorized(i64(0), i64(v_lanes)) as v:
                             acc.store(acc[q, c, v] + xk * b.w_in[d, cb, k, c, v], q, c, v)
             for q in range(count):
-                with T.unroll(_i64(0), _i64(per_tile)) as c:
-                    with T.vectorized(_i64(0), _i64(v_lanes)) as v:
+                with T.unroll(i64(0), i64(per_tile)) as c:
+                    with T.vectorized(i64(0), i64(v_lanes)) as v:
                         index = [xp_row_of(q), cb * per_tile + c, v]
                         T.buffer_store(b.xp, acc[q, c, v] if n == 0 else b.xp[index] + acc[q, c, v], index)
 
     def projection_of_steps(self, b, d, row0, count: int):
         """At one row: xp[t] for the times of steps 0 .. count-1 only (the rest is projected
         during the recurrence, _OverlappedProjection), PROJECTION_ROWS steps at a time."""
-        with T.serial(_i64(0), _i64(self.packed.column_tiles)) as cb:
-            with T.serial(_i64(0), _i64(count // PROJECTION_ROWS)) as quad:
+        with T.serial(i64(0), i64(self.packed.column_tiles)) as cb:
+            with T.serial(i64(0), i64(count // PROJECTION_ROWS)) as quad:
                 times = [T.Bind(self.time_of(d, quad * PROJECTION_ROWS + q)) for q in range(PROJECTION_ROWS)]
                 self.projection_tile(b, d, cb, PROJECTION_ROWS, lambda q, k: self.x_at(b, times[q], row0, k),
                                      lambda q: times[q])
@@ -387,16 +384,16 @@ class _KernelWriter:
             weight = (lambda jb, k, g, v: b.w_rec[d, jb, k, first_gate + g, v])
         for s in range(len(jbs)):
             for r in range(rows):
-                with T.unroll(_i64(0), _i64(gates)) as g:
-                    with T.vectorized(_i64(0), _i64(self.lanes)) as v:
+                with T.unroll(i64(0), i64(gates)) as g:
+                    with T.vectorized(i64(0), i64(self.lanes)) as v:
                         b.acc.store(_f32(0.0), s * rows + r, g, v)
 
         def gemv_at(k):
             for r in range(rows):
                 hk = lhs[lhs_index(r, k)]
                 for s, jb in enumerate(jbs):
-                    with T.unroll(_i64(0), _i64(gates)) as g:
-                        with T.vectorized(_i64(0), _i64(self.lanes)) as v:
+                    with T.unroll(i64(0), i64(gates)) as g:
+                        with T.vectorized(i64(0), i64(self.lanes)) as v:
                             a = s * rows + r
                             b.acc.store(b.acc[a, g, v] + hk * weight(jb, k, g, v), a, g, v)
 
@@ -404,7 +401,7 @@ class _KernelWriter:
             with self.if_gemv_runs():
                 k_blocks = self.k_blocks(self.op.hidden) if fold is not None else [(0, self.op.hidden)]
                 for n, (k_low, k_high) in enumerate(k_blocks):
-                    with T.serial(_i64(k_low), _i64(k_high)) as k:
+                    with T.serial(i64(k_low), i64(k_high)) as k:
                         gemv_at(k)
                     if n + 1 < len(k_blocks):
                         for s, r in ((s, r) for s in range(len(jbs)) for r in range(rows)):
@@ -441,25 +438,25 @@ class _KernelWriter:
         times = [T.Bind(self.time_of(d, s)) for s in steps]
         acc = b.acc_proj
         for p in range(plan.chunk):
-            with T.unroll(_i64(0), _i64(plan.group)) as gv:
-                with T.vectorized(_i64(0), _i64(lanes)) as v:
+            with T.unroll(i64(0), i64(plan.group)) as gv:
+                with T.vectorized(i64(0), i64(lanes)) as v:
                     c = group * plan.group + gv
                     first = b.b_in[d, c, v] if not self.onnxruntime_order else _f32(0.0)
                     acc.store(tvm.tirx.Select(k0 == 0, first, b.xp[times[p], c, v]), p, gv, v)
         inner = T.unroll if plan.spacing <= 8 else T.serial
-        with T.serial(_i64(0), _i64(plan.items)) as i:
+        with T.serial(i64(0), i64(plan.items)) as i:
             with self.if_gemv_runs():
-                with inner(_i64(0), _i64(plan.spacing)) as kk:
+                with inner(i64(0), i64(plan.spacing)) as kk:
                     gemv_at(i * plan.spacing + kk)
             k_in = k0 + i
             for p in range(plan.chunk):
                 xk = self.x_at(b, times[p], row0, k_in)
-                with T.unroll(_i64(0), _i64(plan.group)) as gv:
-                    with T.vectorized(_i64(0), _i64(lanes)) as v:
+                with T.unroll(i64(0), i64(plan.group)) as gv:
+                    with T.vectorized(i64(0), i64(lanes)) as v:
                         acc.store(acc[p, gv, v] + xk * b.w_in[d, tile, k_in, tv0 + gv, v], p, gv, v)
         for p in range(plan.chunk):
-            with T.unroll(_i64(0), _i64(plan.group)) as gv:
-                with T.vectorized(_i64(0), _i64(lanes)) as v:
+            with T.unroll(i64(0), i64(plan.group)) as gv:
+                with T.vectorized(i64(0), i64(lanes)) as v:
                     T.buffer_store(b.xp, acc[p, gv, v], [times[p], group * plan.group + gv, v])
 
     @contextlib.contextmanager
@@ -509,7 +506,7 @@ class _KernelWriter:
             self.gru_reset_first_phase(b, d, rows, t, cur, acts)
         reset_first = op.op_type == "GRU" and not op.linear_before_reset
         span = self.span(rows, 1 if reset_first else gates)
-        with T.serial(_i64(0), _i64(self.blocks // span)) as sweep:
+        with T.serial(i64(0), i64(self.blocks // span)) as sweep:
             jbs = self.sweep_blocks(sweep, cur, span, reverse=reset_first)
             if reset_first:
                 self.recurrent_sum(b, d, rows, b.rh, lambda r, k: [r, k], jbs, 1, first_gate=2,
@@ -520,7 +517,7 @@ class _KernelWriter:
                                    fold=self.folder(b, d, t, rows, gates))
             for s, jb, r in ((s, jb, r) for s, jb in enumerate(jbs) for r in range(rows)):
                 a = s * rows + r  # the register tile's row
-                with T.vectorized(_i64(0), _i64(lanes)) as v:
+                with T.vectorized(i64(0), i64(lanes)) as v:
                     j = jb * lanes + v
                     bind = b.slots.binder(v)
                     hp = bind(b.h[cur, r, j])
@@ -555,8 +552,8 @@ class _KernelWriter:
                         h_new = acts[0](pre(r, 0, jb, v, b.acc[a, 0, v], bind), bind)
                     T.buffer_store(b.h, keep_or(r, h_new, hp), [nxt, r, j])
         if b.y is not None:
-            with T.serial(_i64(0), _i64(rows)) as r:
-                with T.serial(_i64(0), _i64(op.hidden)) as j:
+            with T.serial(i64(0), i64(rows)) as r:
+                with T.serial(i64(0), i64(op.hidden)) as j:
                     T.buffer_store(b.y, keep_or(r, b.h[nxt, r, j], _f32(0.0)), self.y_index(d, t, row0 + r, j))
 
     def fold_block_sums(self, b, d, a, xp_row, r, jb, gates, first_gate, n):
@@ -564,7 +561,7 @@ class _KernelWriter:
         output is the step's projected input, or (GRU with linear_before_reset, its h gate)
         the linear output h Rh^T + Rbh (b.lin: Rbh, then each block's sums)."""
         for g in range(gates):
-            with T.vectorized(_i64(0), _i64(self.lanes)) as v:
+            with T.vectorized(i64(0), i64(self.lanes)) as v:
                 if self.is_linear_output(first_gate + g):
                     index = [r, jb * self.lanes + v]
                     prior = b.lin[index] if n > 0 else (b.b_rec[d, jb, v] if self.op.has_bias else None)
@@ -618,12 +615,12 @@ class _KernelWriter:
         of every unit come first (kept in b.z and b.rh = r * h_prev)."""
         f_act = acts[0]
         span = self.span(rows, 2)
-        with T.serial(_i64(0), _i64(self.blocks // span)) as sweep:
+        with T.serial(i64(0), i64(self.blocks // span)) as sweep:
             jbs = self.sweep_blocks(sweep, cur, span)
             self.recurrent_sum(b, d, rows, b.h, lambda r, k: [cur, r, k], jbs, 2, fold=self.folder(b, d, t, rows, 2))
             for s, jb, r in ((s, jb, r) for s, jb in enumerate(jbs) for r in range(rows)):
                 a = s * rows + r
-                with T.vectorized(_i64(0), _i64(self.lanes)) as v:
+                with T.vectorized(i64(0), i64(self.lanes)) as v:
                     j = jb * self.lanes + v
                     bind = b.slots.binder(v)
                     update = f_act.as_onnxruntime(self.fma_sigmoid)
@@ -663,7 +660,7 @@ def build_recurrent_kernel(op: RecurrentOp, name: str, lanes: int, fma_sigmoid: 
     steps = seq_dim if seq_dim is not None else tvm.tirx.Var(SEQ, I64)
     batch = batch_dim if batch_dim is not None else tvm.tirx.Var(BATCH, I64)
     spec_seq, spec_batch = _spec_dim(seq_dim, SEQ), _spec_dim(batch_dim, BATCH)
-    num_d, h, tir_steps, tir_batch = len(op.directions), op.hidden, _i64(steps), _i64(batch)
+    num_d, h, tir_steps, tir_batch = len(op.directions), op.hidden, i64(steps), i64(batch)
 
     def by_layout(seq_first: tuple, batch_first: tuple) -> tuple:
         return seq_first if op.layout == 0 else batch_first
@@ -681,7 +678,7 @@ def build_recurrent_kernel(op: RecurrentOp, name: str, lanes: int, fma_sigmoid: 
     for key, array in packed.arrays.items():
         weight_name = f"{name}__{key}"
         extra[weight_name] = array
-        add_input(key, weight_name, tuple(_i64(int(s)) for s in array.shape), tuple(int(s) for s in array.shape))
+        add_input(key, weight_name, tuple(i64(int(s)) for s in array.shape), tuple(int(s) for s in array.shape))
     if "sequence_lens" in op.inputs:
         add_input("seq_lens", op.inputs["sequence_lens"], (tir_batch,), (spec_batch,), "int32")
     for key, pname in (("initial_h", "init_h"), ("initial_c", "init_c")):

@@ -39,7 +39,7 @@ import tvm
 from tvm import relax, te
 
 from . import tir_walk
-from .layer_norm import _static_length, _unflattened
+from .index_math import flat_index, i64, static_length, unflattened
 
 LANES = 4  # an SSE packet of floats
 BOUNDARY = 4  # floats per 16 bytes
@@ -73,18 +73,6 @@ def is_gathered(block) -> bool:
                                                            for read in block.reads))
 
 
-def _i64(value: int) -> tvm.tirx.PrimExpr:
-    return tvm.tirx.const(value, "int64")
-
-
-def _flat_row(row, extents) -> tvm.tirx.PrimExpr:
-    """The row-major position of a row's coordinates among all rows."""
-    flat = _i64(0)
-    for extent, coord in zip(extents, row):
-        flat = flat * extent + coord
-    return flat
-
-
 def row_sum_as_onnxruntime(data: te.Tensor, first: int, n: int) -> te.Tensor:
     """The sum of each row (axes `first`.. of `data`, n elements in all) in onnxruntime's order."""
     dtype = data.dtype
@@ -94,36 +82,36 @@ def row_sum_as_onnxruntime(data: te.Tensor, first: int, n: int) -> te.Tensor:
 
     def head(row):
         """Elements before the row's first 16-byte boundary."""
-        offset = tvm.tirx.floormod(_flat_row(row, rows) * _i64(n), _i64(BOUNDARY))
-        return tvm.tirx.min(tvm.tirx.floormod(_i64(BOUNDARY) - offset, _i64(BOUNDARY)), _i64(n))
+        offset = tvm.tirx.floormod(flat_index(rows, row) * i64(n), i64(BOUNDARY))
+        return tvm.tirx.min(tvm.tirx.floormod(i64(BOUNDARY) - offset, i64(BOUNDARY)), i64(n))
 
     def element(row, flat, used):
-        return tvm.tirx.Select(used, data(*row, *_unflattened(flat, extents)), zero)
+        return tvm.tirx.Select(used, data(*row, *unflattened(flat, extents)), zero)
 
     def in_pairs(h):  # elements the two accumulators take
-        return tvm.tirx.floordiv(_i64(n) - h, _i64(2 * LANES)) * _i64(2 * LANES)
+        return tvm.tirx.floordiv(i64(n) - h, i64(2 * LANES)) * i64(2 * LANES)
 
     def in_groups(h):  # elements in whole groups of four from the boundary
-        return tvm.tirx.floordiv(_i64(n) - h, _i64(LANES)) * _i64(LANES)
+        return tvm.tirx.floordiv(i64(n) - h, i64(LANES)) * i64(LANES)
 
     accumulated = None
     if n >= 2 * LANES:
-        step = te.reduce_axis((_i64(0), _i64(n // (2 * LANES))), name="k_pair")
+        step = te.reduce_axis((i64(0), i64(n // (2 * LANES))), name="k_pair")
 
         def accumulator(*index):
             *row, which, lane = index
             h = head(row)
-            group = step * _i64(2 * LANES) + which * _i64(LANES)  # whole groups: one test for the four lanes
+            group = step * i64(2 * LANES) + which * i64(LANES)  # whole groups: one test for the four lanes
             return te.sum(element(row, h + group + lane, group < in_pairs(h)), axis=step)
 
-        accumulated = te.compute(rows + [_i64(2), _i64(LANES)], accumulator, name=ROW_SUM_LANES)
+        accumulated = te.compute(rows + [i64(2), i64(LANES)], accumulator, name=ROW_SUM_LANES)
 
     if n % BOUNDARY == 0:  # every row starts on a boundary: no head, no tail
         def total(*row):
-            lanes = [accumulated(*row, _i64(0), _i64(lane)) + accumulated(*row, _i64(1), _i64(lane))
+            lanes = [accumulated(*row, i64(0), i64(lane)) + accumulated(*row, i64(1), i64(lane))
                      if accumulated is not None else zero for lane in range(LANES)]
             if n % (2 * LANES):  # a last group of four
-                lanes = [value + element(row, _i64(n - LANES + lane), True) for lane, value in enumerate(lanes)]
+                lanes = [value + element(row, i64(n - LANES + lane), True) for lane, value in enumerate(lanes)]
             return (lanes[0] + lanes[2]) + (lanes[1] + lanes[3])
 
         return te.compute(rows, total, name=ROW_SUM)
@@ -136,25 +124,25 @@ def row_sum_as_onnxruntime(data: te.Tensor, first: int, n: int) -> te.Tensor:
         *row, slot = index
         h = head(row)
         pairs, groups = in_pairs(h), in_groups(h)
-        k = slot - _i64(LANES)
-        q = slot - _i64(LANES + BOUNDARY - 1)
-        position = tvm.tirx.Select(slot < _i64(LANES), h + pairs + slot,
-                                   tvm.tirx.Select(q < _i64(0), k, h + groups + q))
-        used = tvm.tirx.Select(slot < _i64(LANES), groups > pairs,
-                               tvm.tirx.Select(q < _i64(0), k < h, position < _i64(n)))
-        return element(row, tvm.tirx.Select(used, position, _i64(0)), used)
+        k = slot - i64(LANES)
+        q = slot - i64(LANES + BOUNDARY - 1)
+        position = tvm.tirx.Select(slot < i64(LANES), h + pairs + slot,
+                                   tvm.tirx.Select(q < i64(0), k, h + groups + q))
+        used = tvm.tirx.Select(slot < i64(LANES), groups > pairs,
+                               tvm.tirx.Select(q < i64(0), k < h, position < i64(n)))
+        return element(row, tvm.tirx.Select(used, position, i64(0)), used)
 
-    edges = te.compute(rows + [_i64(EDGES)], edge, name=ROW_SUM_EDGES)
+    edges = te.compute(rows + [i64(EDGES)], edge, name=ROW_SUM_EDGES)
 
     def total(*row):
         lanes = []
         for lane in range(LANES):
-            value = (accumulated(*row, _i64(0), _i64(lane)) + accumulated(*row, _i64(1), _i64(lane))
+            value = (accumulated(*row, i64(0), i64(lane)) + accumulated(*row, i64(1), i64(lane))
                      if accumulated is not None else zero)
-            lanes.append(value + edges(*row, _i64(lane)))
+            lanes.append(value + edges(*row, i64(lane)))
         value = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3])
         for slot in range(LANES, EDGES):  # the head, then the tail
-            value = value + edges(*row, _i64(slot))
+            value = value + edges(*row, i64(slot))
         return value
 
     return te.compute(rows, total, name=ROW_SUM)
@@ -166,40 +154,40 @@ def global_average_as_onnxruntime(data: te.Tensor) -> te.Tensor:
     dtype, rank = data.dtype, len(data.shape)
     rows = list(data.shape[:2])
     extents = [int(extent) for extent in data.shape[2:]]
-    n = _static_length(data.shape[2:])
+    n = static_length(data.shape[2:])
     zero = tvm.tirx.const(-0.0, dtype)
 
     def element(row, flat):
-        return data(*row, *_unflattened(_i64(flat) if isinstance(flat, int) else flat, extents))
+        return data(*row, *unflattened(i64(flat), extents))
 
-    if rank == 4 and _static_length(data.shape[1:2]) and int(data.shape[1]) % NCHWC_BLOCK == 0:
-        spatial = te.reduce_axis((_i64(0), _i64(n)), name="k_spatial")
+    if rank == 4 and static_length(data.shape[1:2]) and int(data.shape[1]) % NCHWC_BLOCK == 0:
+        spatial = te.reduce_axis((i64(0), i64(n)), name="k_spatial")
         sums = te.compute(rows, lambda *row: te.sum(element(row, spatial), axis=spatial), name=ROW_SUM)
-        return te.compute(rows + [_i64(1)] * (rank - 2), lambda *index: sums(*index[:2]) / tvm.tirx.const(n, dtype),
+        return te.compute(rows + [i64(1)] * (rank - 2), lambda *index: sums(*index[:2]) / tvm.tirx.const(n, dtype),
                           name=ROW_MEAN)
 
     accumulated = None
     if n >= LANES:
-        step = te.reduce_axis((_i64(0), _i64(n // LANES)), name="k_group")
-        accumulated = te.compute(rows + [_i64(LANES)], lambda *index: te.sum(
-            element(index[:-1], step * _i64(LANES) + index[-1]), axis=step), name=ROW_SUM_LANES)
+        step = te.reduce_axis((i64(0), i64(n // LANES)), name="k_group")
+        accumulated = te.compute(rows + [i64(LANES)], lambda *index: te.sum(
+            element(index[:-1], step * i64(LANES) + index[-1]), axis=step), name=ROW_SUM_LANES)
 
     def average(*index):
         row = index[:2]
-        lanes = [accumulated(*row, _i64(lane)) if accumulated is not None else zero for lane in range(LANES)]
+        lanes = [accumulated(*row, i64(lane)) if accumulated is not None else zero for lane in range(LANES)]
         value = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3])
         for flat in range(n // LANES * LANES, n):
             value = value + element(row, flat)
         return value / tvm.tirx.const(n, dtype)
 
-    return te.compute(rows + [_i64(1)] * (rank - 2), average, name=ROW_MEAN)
+    return te.compute(rows + [i64(1)] * (rank - 2), average, name=ROW_MEAN)
 
 
 def global_average_pool(bb: relax.BlockBuilder, data: relax.Expr) -> relax.Expr | None:
     """The pool in onnxruntime's order where it is known here (float32, static spatial dims),
     else None."""
     shape = data.ty.shape.values if isinstance(data.ty.shape, relax.ShapeExpr) else None
-    if data.ty.dtype != "float32" or shape is None or len(shape) < 3 or not _static_length(shape[2:]):
+    if data.ty.dtype != "float32" or shape is None or len(shape) < 3 or not static_length(shape[2:]):
         return None
     return bb.emit_te(global_average_as_onnxruntime, data, primfunc_name_hint="global_average_pool")
 
@@ -211,26 +199,26 @@ def middle_sum_as_onnxruntime(data: te.Tensor, first: int, last: int) -> te.Tens
     dtype = data.dtype
     leading, trailing = list(data.shape[:first]), list(data.shape[last:])
     extents = [int(extent) for extent in data.shape[first:last]]
-    n = _static_length(data.shape[first:last])
+    n = static_length(data.shape[first:last])
 
     def element(index, flat):
-        return data(*index[:first], *_unflattened(_i64(flat) if isinstance(flat, int) else flat, extents),
+        return data(*index[:first], *unflattened(i64(flat), extents),
                     *index[first:])
 
-    every = te.reduce_axis((_i64(0), _i64(n)), name="k_in_order")
+    every = te.reduce_axis((i64(0), i64(n)), name="k_in_order")
     in_order = te.compute(leading + trailing, lambda *i: te.sum(element(i, every), axis=every), name=ROW_SUM_IN_ORDER)
     groups = n // LANES
     grouped = None
     if groups:
-        group = te.reduce_axis((_i64(0), _i64(groups)), name="k_group")
+        group = te.reduce_axis((i64(0), i64(groups)), name="k_group")
 
         def group_sum(*i):
-            start = group * _i64(LANES)
-            return te.sum(((element(i, start) + element(i, start + _i64(1))) + element(i, start + _i64(2)))
-                          + element(i, start + _i64(3)), axis=group)
+            start = group * i64(LANES)
+            return te.sum(((element(i, start) + element(i, start + i64(1))) + element(i, start + i64(2)))
+                          + element(i, start + i64(3)), axis=group)
 
         grouped = te.compute(leading + trailing, group_sum, name=ROW_SUM_GROUPS)
-    rows = functools.reduce(operator.mul, leading, _i64(1))
+    rows = functools.reduce(operator.mul, leading, i64(1))
 
     def total(*i):
         value = grouped(*i) if grouped is not None else tvm.tirx.const(-0.0, dtype)
@@ -244,7 +232,7 @@ def middle_sum_as_onnxruntime(data: te.Tensor, first: int, last: int) -> te.Tens
         static_rows = tir_walk.static_int(rows)
         if static_rows is not None:
             return in_order(*i) if static_rows == 1 else value
-        return tvm.tirx.Select(rows == _i64(1), in_order(*i), value)
+        return tvm.tirx.Select(rows == i64(1), in_order(*i), value)
 
     return te.compute(leading + trailing, total, name=ROW_SUM)
 
@@ -257,12 +245,12 @@ def _reduced(data: te.Tensor, axis, keepdims: bool, mean: bool) -> te.Tensor | N
     if data.dtype != "float32" or not axes or axes != list(range(axes[0], axes[-1] + 1)):
         return None
     first, last = axes[0], axes[-1] + 1
-    n = _static_length(data.shape[first:last])
+    n = static_length(data.shape[first:last])
     if not n:
         return None
     if last == rank:
         sums = row_sum_as_onnxruntime(data, first, n)
-    elif (_static_length(data.shape[last:]) or 1) > 1:
+    elif (static_length(data.shape[last:]) or 1) > 1:
         sums = middle_sum_as_onnxruntime(data, first, last)
     else:  # axes after the reduced ones, all of one element (or symbolic): not known here
         return None
@@ -270,7 +258,7 @@ def _reduced(data: te.Tensor, axis, keepdims: bool, mean: bool) -> te.Tensor | N
                         name=ROW_MEAN) if mean else sums
     if not keepdims:
         return result
-    ones = [_i64(1)] * (last - first)
+    ones = [i64(1)] * (last - first)
     return te.compute(list(data.shape[:first]) + ones + list(data.shape[last:]),
                       lambda *i: result(*i[:first], *i[last:]), name="row_sum_kept")
 

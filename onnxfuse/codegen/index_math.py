@@ -1,0 +1,44 @@
+"""Index arithmetic shared by the hand-written TE and TIR computations.
+
+TVM types shapes and loop variables as int64; an index that mixes in an int32 constant trips its
+simplifier (and LoopPartition), so every constant here is int64.
+"""
+from __future__ import annotations
+
+import functools
+import operator
+
+import tvm
+
+
+def i64(value):
+    """An int64 index constant for an int; an expression passes through unchanged."""
+    return tvm.tirx.const(value, "int64") if isinstance(value, int) else value
+
+
+def flat_index(extents, coords):
+    """The row-major position of `coords` in a box of `extents`."""
+    flat = i64(0)
+    for extent, coord in zip(extents, coords):
+        flat = flat * extent + coord
+    return flat
+
+
+def unflattened(flat, extents, wrap_outermost: bool = True) -> list:
+    """The row-major coordinates of position `flat` (an int or an index expression) in a box of
+    `extents`. Every coordinate is wrapped by default, so that a position past the end still
+    reads inside the box: a Select evaluates both of its branches, the unused read included.
+    Where `flat` is known to be in range, `wrap_outermost=False` saves one division."""
+    extents = list(extents)
+    coords = []
+    for extent in reversed(extents[1:]):
+        coords.append(flat % extent)
+        flat = flat // extent
+    coords.append(flat % extents[0] if wrap_outermost and extents else flat)
+    return list(reversed(coords))
+
+
+def static_length(shape) -> int | None:
+    """The number of elements of `shape`, or None if a dim is symbolic."""
+    dims = [int(d) if isinstance(d, (int, tvm.tirx.IntImm)) else None for d in shape]
+    return None if None in dims else functools.reduce(operator.mul, dims, 1)
