@@ -237,23 +237,28 @@ def middle_sum_as_onnxruntime(data: te.Tensor, first: int, last: int) -> te.Tens
     return te.compute(leading + trailing, total, name=ROW_SUM)
 
 
-def _reduced(data: te.Tensor, axis, keepdims: bool, mean: bool) -> te.Tensor | None:
-    """The sum (or mean) of `data` over `axis` in onnxruntime's order, or None where that order
-    is not known here (another dtype, axes that are not contiguous, a symbolic extent)."""
-    rank = len(data.shape)
+def _reduced_span(shape, dtype: str, axis) -> tuple[int, int, int] | None:
+    """(first axis, last axis + 1, elements per sum) of the axes `axis` reduces, where
+    onnxruntime's order is known here; None for another dtype, axes that are not contiguous, a
+    symbolic extent, or axes after the reduced ones all of one element (or symbolic)."""
+    rank = len(shape)
     axes = sorted({int(a) % rank for a in (range(rank) if axis is None else axis)}) if rank else []
-    if data.dtype != "float32" or not axes or axes != list(range(axes[0], axes[-1] + 1)):
+    if dtype != "float32" or not axes or axes != list(range(axes[0], axes[-1] + 1)):
         return None
     first, last = axes[0], axes[-1] + 1
-    n = static_length(data.shape[first:last])
-    if not n:
+    n = static_length(shape[first:last])
+    if not n or (last < rank and (static_length(shape[last:]) or 1) == 1):
         return None
-    if last == rank:
+    return first, last, n
+
+
+def _reduced(data: te.Tensor, span: tuple[int, int, int], keepdims: bool, mean: bool) -> te.Tensor:
+    """The sum (or mean) of `data` over the span's axes in onnxruntime's order."""
+    first, last, n = span
+    if last == len(data.shape):
         sums = row_sum_as_onnxruntime(data, first, n)
-    elif (static_length(data.shape[last:]) or 1) > 1:
+    else:
         sums = middle_sum_as_onnxruntime(data, first, last)
-    else:  # axes after the reduced ones, all of one element (or symbolic): not known here
-        return None
     result = te.compute(sums.shape, lambda *r: sums(*r) / tvm.tirx.const(n, data.dtype),
                         name=ROW_MEAN) if mean else sums
     if not keepdims:
@@ -269,9 +274,9 @@ def _legalize(mean: bool, fallback: str):
         attrs = call.attrs
         axis = None if attrs.axis is None else [int(a) for a in attrs.axis]
         if isinstance(data.ty, relax.TensorType) and isinstance(data.ty.shape, relax.ShapeExpr):
-            probe = te.placeholder(data.ty.shape.values, data.ty.dtype)
-            if _reduced(probe, axis, bool(attrs.keepdims), mean) is not None:
-                return bb.call_te(lambda x: _reduced(x, axis, bool(attrs.keepdims), mean), data,
+            span = _reduced_span(data.ty.shape.values, data.ty.dtype, axis)
+            if span is not None:
+                return bb.call_te(lambda x: _reduced(x, span, bool(attrs.keepdims), mean), data,
                                   primfunc_name_hint="mean" if mean else "sum")
         return tvm.ir.Op.get(fallback).get_attr("FLegalize")(bb, call)
     return legalize
