@@ -313,3 +313,15 @@ def test_a_tanh_gelu_after_a_product_gives_onnxruntimes_fast_gelu_bits(tmp_path)
     for rows, scale in ((1, 1.0), (5, 3.0), (64, 1.0), (1000, 30.0)):
         x = (np.random.default_rng(rows).standard_normal((rows, 16)) * scale).astype(F32)
         assert_bitwise_equal(fused.run(None, {"input": x})[0], original.run(None, {"input": x})[0])
+
+
+def test_only_a_tanh_of_a_product_asks_onnxruntimes_optimizer(monkeypatch):
+    """An LSTM cell's Tanh (of a sum) cannot start a FastGelu: no optimizer session is paid for
+    it at load; FastGelu's Tanh (of the scaled argument, a Mul) still asks."""
+    asked = []
+    real = fused_ops_module._optimized_by_onnxruntime
+    monkeypatch.setattr(fused_ops_module, "_optimized_by_onnxruntime", lambda m: asked.append(1) or real(m))
+    cell = model([node("Add", ["x", "h"], "s"), node("Tanh", ["s"], "t"), node("Mul", ["t", "h"], "y")],
+                 {"x": ("N", 4), "h": ("N", 4)}, {"y": ("N", 4)})
+    assert onnxruntime_fused_ops(cell) == () and asked == []
+    assert [op.op for op in onnxruntime_fused_ops(tanh_gelu_after_dense_model())] == ["FastGelu"] and asked == [1]

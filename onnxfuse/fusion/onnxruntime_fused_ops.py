@@ -60,7 +60,7 @@ LAYER_NORM = "LayerNormalization"  # the ONNX op (opset 17), which onnxruntime's
 SKIP_LAYER_NORM = "SkipLayerNormalization"  # com.microsoft
 CONTRIB_DOMAIN = "com.microsoft"
 MIN_LAYER_NORM_OPSET = 17
-WATCHED_OPS = {"Erf", "Tanh", "ReduceMean", LAYER_NORM}  # a model with none has no chain onnxruntime fuses here
+WATCHED_OPS = {"Erf", "ReduceMean", LAYER_NORM}  # a model with none (and no FastGelu's Tanh) has no chain onnxruntime fuses here
 MAX_CHAIN_NODES = 12  # GELU chains have 5 nodes, LayerNorm chains 9 (10 with a Cast), 11 with two Adds
 GEMM = "Gemm"
 FUSED_GEMM = "FusedGemm"  # com.microsoft: a Gemm and the activation after it
@@ -89,7 +89,7 @@ def onnxruntime_fused_ops(model: onnx.ModelProto, path: str | os.PathLike | None
     the model has nothing such a node could replace, or onnxruntime fails. `path`: the model's
     file, given to onnxruntime instead of `model` (its external data beside it)."""
     nodes = list(all_nodes(model.graph))
-    if not {node.op_type for node in nodes} & WATCHED_OPS and not _long_products(model, nodes):
+    if not _may_hold_fused_chain(nodes) and not _long_products(model, nodes):
         return ()
     adds = {out for node in nodes if node.op_type == "Add" for out in node.output}  # a Gemm writing one was fused
     own_layer_norms = {out for node in nodes if node.op_type == LAYER_NORM for out in node.output}
@@ -111,6 +111,15 @@ def onnxruntime_fused_ops(model: onnx.ModelProto, path: str | os.PathLike | None
             constants = tuple((name, content_digest(initializers[name])) for name in node.input if name in initializers)
             fused.append(FusedOp(node.op_type, tuple(node.input), node.output[0], tuple(node.attribute), constants))
     return tuple(fused)
+
+
+def _may_hold_fused_chain(nodes: list[onnx.NodeProto]) -> bool:
+    """Whether an op onnxruntime's GELU or LayerNorm fusions start from is here: a Tanh counts
+    only where a Mul feeds it (FastGelu's scaled argument), so that the Tanh of every LSTM cell
+    does not cost a session of onnxruntime's optimizer at load."""
+    products = {out for node in nodes if node.op_type == "Mul" for out in node.output}
+    return any(node.op_type in WATCHED_OPS or node.op_type == "Tanh" and node.input and node.input[0] in products
+               for node in nodes)
 
 
 def _long_products(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> bool:
