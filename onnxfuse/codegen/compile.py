@@ -223,6 +223,7 @@ def compile_group(
     max_duplication: int = schedule.DEFAULT_MAX_DUPLICATION,
     parallel_levels: int = 0,
     host_kernel: bool = False,
+    weight_inputs: frozenset[str] = frozenset(),
 ) -> CompiledGroup:
     """Compiles one fused group into `out_dir/<name>.o`.
 
@@ -231,6 +232,8 @@ def compile_group(
     parallel_levels: how many of the ISA levels after the best may be scheduled and built in
     forked children while this process builds the best one (0: one after another, here).
     host_kernel: build the in-process kernel run() uses now, while those children work.
+    weight_inputs: the model's inputs that hold the original's constants (kernel_identity.py),
+    which onnxruntime multiplies by differently from values known only at run time.
 
     Each level is scheduled for its own register file (register_file.py); the best level decides
     which variants exist, and the others follow it, so the library's table is one shape for all
@@ -240,7 +243,7 @@ def compile_group(
     if not name.isidentifier():
         raise CompileError(f"name: {name!r} is not a C identifier")
     stats: dict = {}
-    group = _stage("import", stats, lambda: relax_import.import_group(model, name))
+    group = _stage("import", stats, lambda: relax_import.import_group(model, name, weight_inputs=weight_inputs))
     levels = target.levels
     best_name = level_kernel_name(name, levels[0].suffix, len(levels))
     registers = register_file.for_target(target.tvm_target(levels[0]))

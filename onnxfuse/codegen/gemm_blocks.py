@@ -30,6 +30,7 @@ from tvm.relax.frontend.onnx import onnx_frontend
 from ..fusion.onnxruntime_fused_ops import MLAS_K_BLOCK
 from . import tir_walk
 from .index_math import i64
+from .one_row_products import emit_product, takes_one_row_kernel
 from .rounded_products import multiply_added, rounded
 
 ONNXRUNTIME_K_BLOCK = MLAS_K_BLOCK
@@ -138,7 +139,8 @@ def legalize_matmul(bb: relax.BlockBuilder, call):
 class GemmInBlocks(onnx_frontend.OnnxOpConverter):
     """ONNX Gemm, `A @ B + C` with alpha and beta 1 (onnx_semantics writes other alphas as a
     product and a Mul), a row of biases C and a K over one block: the blocked lowering, C first
-    (onnxruntime's Gemm starts its output from C). Any other Gemm: TVM's converter."""
+    (onnxruntime's Gemm starts its output from C); by a run-time weight, the one-row kernel's
+    order at one row (one_row_products). Any other Gemm: TVM's converter."""
 
     @classmethod
     def _impl_v13(cls, bb, inputs, attr, params):
@@ -149,12 +151,16 @@ class GemmInBlocks(onnx_frontend.OnnxOpConverter):
         if not plain and attr.get("transB", 0):
             weight = bb.normalize(relax.op.permute_dims(weight, [1, 0]))
         shapes = [_shape(x) if x is not None else None for x in (data, weight, bias)]
-        if (plain or None in shapes or not is_blocked_matmul(shapes[0], shapes[1], data.ty.dtype)
-                or str(bias.ty.dtype) != "float32" or not _is_row(shapes[2], shapes[1][1])):
+        if plain or None in shapes or str(bias.ty.dtype) != "float32" or not _is_row(shapes[2], shapes[1][1]):
             return onnx_frontend.Gemm._impl_v13(bb, inputs, attr, params)
-        if len(shapes[2]) == 2:
-            bias = bb.normalize(relax.op.reshape(bias, [shapes[1][1]]))
-        return bb.emit_te(matmul_in_blocks, data, weight, bias, primfunc_name_hint="matmul")
+        if is_blocked_matmul(shapes[0], shapes[1], data.ty.dtype):
+            row = bb.normalize(relax.op.reshape(bias, [shapes[1][1]])) if len(shapes[2]) == 2 else bias
+            product = bb.emit_te(matmul_in_blocks, data, weight, row, primfunc_name_hint="matmul")
+        else:
+            product = onnx_frontend.Gemm._impl_v13(bb, inputs, attr, params)
+        if not attr.get("transB", 0) and takes_one_row_kernel(bb, data, weight):
+            return emit_product(bb, data, weight, product, bias)  # onnxruntime's one-row kernel, from C
+        return product
 
 
 def _is_row(bias_shape, columns) -> bool:

@@ -20,6 +20,7 @@ from tvm.relax.frontend.onnx import onnx_frontend
 
 from .gemm_blocks import GemmInBlocks
 from .layer_norm import skip_layer_norm_as_onnxruntime
+from .one_row_products import MatMulAsOnnxruntime
 from .row_sums import global_average_pool
 
 
@@ -53,7 +54,7 @@ class GlobalAveragePool(onnx_frontend.OnnxOpConverter):
 
 
 CONVERTERS = {"SkipLayerNormalization": SkipLayerNormalization, "Gemm": GemmInBlocks,
-              "GlobalAveragePool": GlobalAveragePool}
+              "GlobalAveragePool": GlobalAveragePool, "MatMul": MatMulAsOnnxruntime}
 
 
 def installed() -> None:

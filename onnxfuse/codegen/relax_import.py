@@ -31,7 +31,7 @@ from tvm.tirx.buffer import is_buffer_var
 
 from ..errors import CompileError, short_reason
 from ..kernel_spec import DerivedDim, Dim
-from . import float16_as_onnxruntime, narrow_tables, onnx_semantics, onnxruntime_contrib, operand_layout
+from . import float16_as_onnxruntime, narrow_tables, one_row_products, onnx_semantics, onnxruntime_contrib, operand_layout
 from .fast_math import FastMath
 from .fold_shape_take import FoldShapeTake
 from .legalize import CUSTOM_LEGALIZE
@@ -230,10 +230,13 @@ def graph_input_names(model: onnx.ModelProto) -> list[str]:
     return [i.name for i in model.graph.input if i.name not in initializers]
 
 
-def import_group(model: onnx.ModelProto, name: str, fast_math: bool = True) -> ImportedGroup:
+def import_group(model: onnx.ModelProto, name: str, fast_math: bool = True,
+                 weight_inputs: frozenset[str] = frozenset()) -> ImportedGroup:
+    """`weight_inputs`: the inputs that are the original model's constants (one_row_products)."""
     in_place = narrow_tables.narrowed_tables(operand_layout.operands_in_place(model))
     as_onnxruntime = float16_as_onnxruntime.computed_as_onnxruntime(in_place)
-    mod = _import(onnx_semantics.as_onnxruntime_computes(as_onnxruntime))
+    with one_row_products.weights_among_inputs(weight_inputs):
+        mod = _import(onnx_semantics.as_onnxruntime_computes(as_onnxruntime))
     try:
         mod, lifted = _lift_constants(ScalarOperands()(mod))
     except Exception as exc:

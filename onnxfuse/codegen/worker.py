@@ -50,7 +50,8 @@ def compile_one(model_bytes: bytes, name: str, target_args: tuple, build_dir: st
                 compiled = compile_recurrent(group_model, name, tgt, out_dir, parallel_levels)
             else:
                 compiled = compile_group(group_model, name, tgt, out_dir, max_duplication=max_duplication,
-                                         parallel_levels=parallel_levels, host_kernel=verify)
+                                         parallel_levels=parallel_levels, host_kernel=verify,
+                                         weight_inputs=frozenset(weights or {}))
         info: dict = {"stats": _jsonable(compiled.stats)}
         if messages:
             info["tvm_messages"] = messages

@@ -26,11 +26,16 @@ kernel's bits wherever it fused, and the ops' where it did not:
   that is other bits: MLAS sums K in blocks of 256, and its Gemm starts the output from the bias,
   `((b + p0) + p1) + ...`, where the MatMul's output `(p0 + p1) + ...` gets the bias last
   (codegen/gemm_blocks.py). Such a pair is written as the Gemm in the group model.
+- The same pair with a weight known only at run time (a graph input, a value computed, or one
+  a Loop body reads from the graph around it, which onnxruntime does not prepack) becomes a Gemm
+  too, and at one row that Gemm sums in MLAS's one-row order from the bias
+  (codegen/one_row_products.py), so it is written as the Gemm whatever its K.
 
 Which chains onnxruntime fuses depends on its version and on each chain's surroundings, so
 nothing here guesses: `onnxruntime_fused_ops` asks the installed onnxruntime (its optimized graph
-of the original model, only for models with an Erf, a ReduceMean or a MatMul over more than 256
-k's; about 0.1 s for a 24-layer tiny BERT), and `as_onnxruntime_computes` rewrites exactly those chains, where a fused group
+of the original model, only for models with an Erf, a ReduceMean, a FastGelu's Tanh, a MatMul
+over more than 256 k's or a MatMul by a run-time weight and an Add; about 0.1 s for a 24-layer
+tiny BERT), and `as_onnxruntime_computes` rewrites exactly those chains, where a fused group
 holds the whole chain, in the group model: what the kernel is compiled from, what the cache
 hashes and what onnxruntime runs when the kernel is verified. The written model keeps the
 model's own ops, so onnxruntime still fuses them where a group falls back. A model onnxruntime
@@ -99,14 +104,14 @@ def onnxruntime_fused_ops(model: onnx.ModelProto, path: str | os.PathLike | None
         return ()
     initializers = {tensor.name: tensor for tensor in optimized.graph.initializer if not tensor.external_data}
     fused = []
-    for node in all_nodes(optimized.graph):
+    for node, constants_here in _nodes_in_scope(optimized.graph):
         gelu = node.domain == CONTRIB_DOMAIN and node.op_type in (*GELUS, FAST_GELU)
         layer_norm = (node.domain in ("", "ai.onnx") and node.op_type == LAYER_NORM
                       and node.output[0] not in own_layer_norms)
         skip_layer_norm = node.domain == CONTRIB_DOMAIN and node.op_type == SKIP_LAYER_NORM
         gemm = ((node.domain in ("", "ai.onnx") and node.op_type == GEMM and node.output[0] in adds
                  or node.domain == CONTRIB_DOMAIN and node.op_type == FUSED_GEMM)
-                and _depth(node, initializers) > MLAS_K_BLOCK)
+                and (_depth(node, initializers) > MLAS_K_BLOCK or node.input[1] not in constants_here))
         if (gelu or layer_norm or skip_layer_norm or gemm) and node.input and len(node.output) >= 1:
             constants = tuple((name, content_digest(initializers[name])) for name in node.input if name in initializers)
             fused.append(FusedOp(node.op_type, tuple(node.input), node.output[0], tuple(node.attribute), constants))
@@ -123,9 +128,37 @@ def _may_hold_fused_chain(nodes: list[onnx.NodeProto]) -> bool:
 
 
 def _long_products(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> bool:
-    """Whether a MatMul multiplies by a constant weight of more than MLAS_K_BLOCK rows."""
+    """Whether a MatMul multiplies by a constant weight of more than MLAS_K_BLOCK rows, or by a
+    run-time weight before an Add (either may become a Gemm of other bits)."""
     rows = {tensor.name: tensor.dims[0] for tensor in model.graph.initializer if len(tensor.dims) == 2}
-    return any(node.op_type == "MatMul" and rows.get(node.input[1], 0) > MLAS_K_BLOCK for node in nodes)
+    if any(node.op_type == "MatMul" and rows.get(node.input[1], 0) > MLAS_K_BLOCK for node in nodes):
+        return True
+    for graph in _graphs(model.graph):
+        constants = {tensor.name for tensor in graph.initializer}
+        constants |= {out for node in graph.node if node.op_type == "Constant" for out in node.output}
+        added = {name for node in graph.node if node.op_type == "Add" for name in node.input}
+        if any(node.op_type == "MatMul" and len(node.input) == 2 and node.input[1] not in constants
+               and node.output[0] in added for node in graph.node):
+            return True
+    return False
+
+
+def _graphs(graph: onnx.GraphProto):
+    """The graph and every body inside it."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                yield from _graphs(sub)
+
+
+def _nodes_in_scope(graph: onnx.GraphProto):
+    """(node, the names of the constants of the node's own graph) for every node, in bodies too:
+    onnxruntime prepacks a weight only where it is a constant of the node's own graph."""
+    for scope in _graphs(graph):
+        constants = {tensor.name for tensor in scope.initializer}
+        for node in scope.node:
+            yield node, constants
 
 
 def _depth(gemm: onnx.NodeProto, initializers: dict) -> int:
