@@ -153,6 +153,7 @@ class KernelCache:
                 serial_variant=bool(meta["serial_variant"]),
                 levels=tuple(meta["levels"]),
                 level_small_batch_below=tuple(int(v) for v in meta.get("level_small_batch_below", ())),
+                multiples=tuple((str(symbol), int(n)) for symbol, n in meta.get("multiples", ())),
             )
             return GroupKernel(spec, tuple(meta["arg_sources"]), weights), meta["info"]
         except FileNotFoundError as missing:
@@ -196,6 +197,7 @@ def _meta_json(key: str, kernel: GroupKernel, info: dict, files: dict[str, bytes
         "serial_variant": kernel.spec.serial_variant,
         "levels": list(kernel.spec.levels),
         "level_small_batch_below": list(kernel.spec.level_small_batch_below),
+        "multiples": [list(pair) for pair in kernel.spec.multiples],
         "info": info,
     }
     # Round-trip first, so the checksum covers exactly what a reader will parse back.

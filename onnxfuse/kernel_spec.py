@@ -135,6 +135,9 @@ class KernelSpec:
     serial_variant: bool = False
     levels: tuple[str, ...] = ()
     level_small_batch_below: tuple[int, ...] = ()
+    multiples: tuple[tuple[str, int], ...] = ()
+    """(symbol, n): the kernel fails unless the symbol's value is a multiple of n (a Reshape in
+    the group splits it; codegen/reshape_divisions.py)."""
 
     def level_name(self, level_suffix: str) -> str:
         """This kernel's name as built for one of its levels (variants append to it)."""
@@ -166,6 +169,9 @@ class KernelSpec:
         if derived_inputs:
             raise ValueError(f"kernel {self.name}: input dims must be static or named, got {derived_inputs[0]}")
         bound = {s for t in self.inputs for s in t.symbols}
+        unchecked = {symbol for symbol, _ in self.multiples} - bound
+        if unchecked:
+            raise ValueError(f"kernel {self.name}: multiples of {sorted(unchecked)}, which are not dims of any input")
         unbound = {s for t in self.outputs for s in t.symbols} - bound
         if unbound:
             raise ValueError(

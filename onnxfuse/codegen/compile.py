@@ -39,6 +39,7 @@ from . import (
     reduction_identities,
     register_file,
     relax_import,
+    reshape_divisions,
     schedule,
     sigmoid_clamp,
     spill_guard,
@@ -177,22 +178,25 @@ def build_object(level_funcs: list, name: str, target: Target, out_dir: pathlib.
 
 
 def _variants(fused, name: str, max_duplication: int, small_variant: bool | None, registers: RegisterFile,
-              serial_variant: bool | None = None):
+              serial_variant: bool | None = None, multiples: tuple[tuple[str, int], ...] = ()):
     """The kernel's functions (name → scheduled, index-checked PrimFunc), the main schedule's
     stats and the number of index checks. small_variant=None decides by the main schedule
     (schedule.needs_small_batch_variant); the variant is named by small_variant_name. A parallel
     main schedule also gets its serial twin, named by serial_variant_name, unless the kernel has
     data-dependent gathers (index checks): a depth-8 tree chain ran no faster with its twin
     (24.8 -> 24.1 us at batch 64, 289 -> 287 us at 1,000) and took 25-45% longer to compile.
-    serial_variant=True/False overrides that choice (every ISA level must have the same variants)."""
+    serial_variant=True/False overrides that choice (every ISA level must have the same variants).
+    multiples: input dims each function checks first (reshape_divisions)."""
     scheduled, stats = _schedule_or_plain(fused, registers, max_duplication=max_duplication)
     checked, n_checks = bounds.add_index_checks(scheduled, name)
+    checked = reshape_divisions.with_divisibility_checks(checked, multiples)
     funcs = {name: checked.with_attr("global_symbol", name)}
     if small_variant is None:
         small_variant = schedule.needs_small_batch_variant(stats)
     if small_variant:
         func, _ = _schedule_or_plain(fused, registers, max_duplication=max_duplication, small_batch=True)
         variant, _ = bounds.add_index_checks(func, small_variant_name(name))
+        variant = reshape_divisions.with_divisibility_checks(variant, multiples)
         funcs[small_variant_name(name)] = variant.with_attr("global_symbol", small_variant_name(name))
     if serial_variant is None:
         serial_variant = schedule.needs_serial_variant(stats) and not n_checks
@@ -249,7 +253,7 @@ def compile_group(
     registers = register_file.for_target(target.tvm_target(levels[0]))
     best_funcs, sched_stats, n_checks = _stage(
         "schedule", stats, lambda: _variants(_for_level(group.prim_func, target, levels[0]), best_name,
-                                             max_duplication, None, registers))
+                                             max_duplication, None, registers, multiples=group.multiples))
     small_variant = small_variant_name(best_name) in best_funcs
     serial_variant = serial_variant_name(best_name) in best_funcs
 
@@ -257,7 +261,7 @@ def compile_group(
         base = level_kernel_name(name, level.suffix, len(levels))
         level_registers = register_file.for_target(target.tvm_target(level))
         return _variants(_for_level(group.prim_func, target, level), base, max_duplication, small_variant,
-                         level_registers, serial_variant=serial_variant)[0]
+                         level_registers, serial_variant=serial_variant, multiples=group.multiples)[0]
 
     options = llvm_options(target, sched_stats.gather_chain)
     small_below = schedule.small_batch_below(sched_stats) if small_variant else 0
@@ -268,7 +272,7 @@ def compile_group(
         spec = KernelSpec(name, inputs, outputs, str(pathlib.Path(out_dir) / f"{name}.o"),
                           small_batch_below=small_below, level_small_batch_below=level_small_below,
                           row_work=sched_stats.row_work if sched_stats.symbolic_rows else 0,
-                          serial_variant=serial_variant,
+                          serial_variant=serial_variant, multiples=group.multiples,
                           levels=tuple(level.suffix for level in levels) if len(levels) > 1 else ())
     except ValueError as exc:
         raise CompileError(f"spec: {exc}") from exc

@@ -7,8 +7,10 @@ onnxruntime's LayerNormalization (a float64 mean, the squares in lanes), not its
 SkipLayerNormalization (Welford's update over the whole row), so the converter here replaces
 TVM's. The frontend takes converters from one table, built by a module function; `installed`
 wraps that function once per process, adding ours. The table also takes our Gemm (gemm_blocks:
-onnxruntime sums a long K in blocks, from the bias) and GlobalAveragePool (row_sums: its own
-order, not ReduceMean's), which are no contrib ops but go the same way.
+onnxruntime sums a long K in blocks, from the bias), GlobalAveragePool (row_sums: its own order,
+not ReduceMean's), MatMul (one_row_products: its one-row kernel by a run-time weight) and
+Reshape (reshape_divisions: the kernel checks a split divides), which are no contrib ops but
+go the same way.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tvm.relax.frontend.onnx import onnx_frontend
 from .gemm_blocks import GemmInBlocks
 from .layer_norm import skip_layer_norm_as_onnxruntime
 from .one_row_products import MatMulAsOnnxruntime
+from .reshape_divisions import ReshapeRecordingDivisions
 from .row_sums import global_average_pool
 
 
@@ -54,7 +57,8 @@ class GlobalAveragePool(onnx_frontend.OnnxOpConverter):
 
 
 CONVERTERS = {"SkipLayerNormalization": SkipLayerNormalization, "Gemm": GemmInBlocks,
-              "GlobalAveragePool": GlobalAveragePool, "MatMul": MatMulAsOnnxruntime}
+              "GlobalAveragePool": GlobalAveragePool, "MatMul": MatMulAsOnnxruntime,
+              "Reshape": ReshapeRecordingDivisions}
 
 
 def installed() -> None:

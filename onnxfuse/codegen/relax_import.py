@@ -31,7 +31,15 @@ from tvm.tirx.buffer import is_buffer_var
 
 from ..errors import CompileError, short_reason
 from ..kernel_spec import DerivedDim, Dim
-from . import float16_as_onnxruntime, narrow_tables, one_row_products, onnx_semantics, onnxruntime_contrib, operand_layout
+from . import (
+    float16_as_onnxruntime,
+    narrow_tables,
+    one_row_products,
+    onnx_semantics,
+    onnxruntime_contrib,
+    operand_layout,
+    reshape_divisions,
+)
 from .fast_math import FastMath
 from .fold_shape_take import FoldShapeTake
 from .legalize import CUSTOM_LEGALIZE
@@ -52,16 +60,19 @@ class ImportedGroup:
     num_inputs: int = 0  # kernel inputs (graph inputs + weights); the rest of the params are outputs
     input_types: list = field(default_factory=list)  # (dtype, shape dims) per kernel input
     output_types: list = field(default_factory=list)  # (dtype, shape dims) per output
+    multiples: tuple[tuple[str, int], ...] = ()  # (symbol, n): its Reshapes split the symbol n ways
 
 
-def _dim(value) -> Dim:
+def _dim(value, multiples: tuple[tuple[str, int], ...] = ()) -> Dim:
     """A Relax/TIR shape dimension as a KernelSpec dim: an int, the name of a symbolic var, or a
-    DerivedDim for `var * c`, `var // c` and `var * a // b`; any other expression is refused."""
+    DerivedDim for `var * c`, `var // c` and `var * a // b`, or for `var // d * m` where
+    `multiples` (symbol, n: the kernel checks the symbol is a multiple of n) make it exact; any
+    other expression is refused."""
     if isinstance(getattr(value, "value", None), int):
         return int(value.value)
     if isinstance(value, tvm.tirx.Var):
         return str(value.name)
-    derived = _derived_dim(value)
+    derived = _derived_dim(value) or reshape_divisions.exact_dim(value, multiples)
     if derived is None:
         raise CompileError(f"shapes: dimension {value} is an expression, not a named dim")
     return derived
@@ -83,13 +94,13 @@ def _derived_dim(expr) -> DerivedDim | None:
     return None
 
 
-def _tensor_types(ty) -> list:
+def _tensor_types(ty, multiples: tuple[tuple[str, int], ...] = ()) -> list:
     """Flattens a Relax tensor or tuple type into (dtype, dims) pairs."""
     if isinstance(ty, relax.TupleType):
-        return [t for field_ty in ty.fields for t in _tensor_types(field_ty)]
+        return [t for field_ty in ty.fields for t in _tensor_types(field_ty, multiples)]
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         raise CompileError("shapes: an input or output has no static rank")
-    return [(str(ty.dtype), tuple(_dim(d) for d in ty.shape.values))]
+    return [(str(ty.dtype), tuple(_dim(d, multiples) for d in ty.shape.values))]
 
 
 def _content_key(array: np.ndarray) -> tuple:
@@ -235,8 +246,9 @@ def import_group(model: onnx.ModelProto, name: str, fast_math: bool = True,
     """`weight_inputs`: the inputs that are the original model's constants (one_row_products)."""
     in_place = narrow_tables.narrowed_tables(operand_layout.operands_in_place(model))
     as_onnxruntime = float16_as_onnxruntime.computed_as_onnxruntime(in_place)
-    with one_row_products.weights_among_inputs(weight_inputs):
+    with one_row_products.weights_among_inputs(weight_inputs), reshape_divisions.recorded_divisions() as divisions:
         mod = _import(onnx_semantics.as_onnxruntime_computes(as_onnxruntime))
+    multiples = reshape_divisions.requirements(divisions)
     try:
         mod, lifted = _lift_constants(ScalarOperands()(mod))
     except Exception as exc:
@@ -253,9 +265,9 @@ def import_group(model: onnx.ModelProto, name: str, fast_math: bool = True,
         raise CompileError(f"lift constants: {short_reason(exc)}") from exc
     main = mod["main"]
     input_types = [t for p in main.params for t in _tensor_types(p.ty)]
-    output_types = _tensor_types(main.ret_ty)
+    output_types = _tensor_types(main.ret_ty, multiples)
     try:
-        prim = _fuse_into_one(mod)
+        prim = reshape_divisions.exact_parameter_shapes(_fuse_into_one(mod), multiples)
     except CompileError:
         raise
     except Exception as exc:
@@ -273,7 +285,7 @@ def import_group(model: onnx.ModelProto, name: str, fast_math: bool = True,
         # not the tensor, where the custom node hands the kernel tensors (it failed as a
         # TypeError when the kernel was checked).
         raise CompileError("fuse: the group reads an input only for its shape; such a group is left to onnxruntime")
-    return ImportedGroup(prim, sources, extra, len(sources), input_types, output_types)
+    return ImportedGroup(prim, sources, extra, len(sources), input_types, output_types, multiples)
 
 
 def _check_fully_legalized(mod: tvm.IRModule) -> None:

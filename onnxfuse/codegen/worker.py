@@ -133,9 +133,10 @@ def _with_initializers(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -
 
 
 def _whole_multiples(spec: KernelSpec, dim: int) -> dict[str, int]:
-    """Symbols an output divides (`M // 100` folds a flat `[M]` back to rows) set to `dim` whole
-    multiples of every divisor they meet: random inputs must fold evenly, as the real ones do."""
-    divisors: dict[str, int] = {}
+    """Symbols an output divides (`M // 100` folds a flat `[M]` back to rows) or a Reshape splits
+    (spec.multiples) set to `dim` whole multiples of every divisor they meet: random inputs must
+    fold evenly, as the real ones do."""
+    divisors: dict[str, int] = dict(spec.multiples)
     for d in (d for t in spec.outputs for d in t.shape if isinstance(d, DerivedDim) and d.divisor > 1):
         divisors[d.symbol] = math.lcm(divisors.get(d.symbol, 1), d.divisor)
     return {symbol: dim * divisor for symbol, divisor in divisors.items()}
