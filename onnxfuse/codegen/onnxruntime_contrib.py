@@ -8,9 +8,9 @@ SkipLayerNormalization (Welford's update over the whole row), so the converter h
 TVM's. The frontend takes converters from one table, built by a module function; `installed`
 wraps that function once per process, adding ours. The table also takes our Gemm (gemm_blocks:
 onnxruntime sums a long K in blocks, from the bias), GlobalAveragePool (row_sums: its own order,
-not ReduceMean's), MatMul (one_row_products: its one-row kernel by a run-time weight) and
-Reshape (reshape_divisions: the kernel checks a split divides), which are no contrib ops but
-go the same way.
+not ReduceMean's), MatMul (one_row_products: its one-row kernel by a run-time weight),
+Reshape (reshape_divisions: the kernel checks a split divides) and Identity (identity_copies: a
+copy, not an alias), which are no contrib ops but go the same way.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
 from .gemm_blocks import GemmInBlocks
+from .identity_copies import IdentityAsCopy
 from .layer_norm import skip_layer_norm_as_onnxruntime
 from .one_row_products import MatMulAsOnnxruntime
 from .reshape_divisions import ReshapeRecordingDivisions
@@ -58,7 +59,7 @@ class GlobalAveragePool(onnx_frontend.OnnxOpConverter):
 
 CONVERTERS = {"SkipLayerNormalization": SkipLayerNormalization, "Gemm": GemmInBlocks,
               "GlobalAveragePool": GlobalAveragePool, "MatMul": MatMulAsOnnxruntime,
-              "Reshape": ReshapeRecordingDivisions}
+              "Reshape": ReshapeRecordingDivisions, "Identity": IdentityAsCopy}
 
 
 def installed() -> None:

@@ -16,7 +16,9 @@ The passes, in order (each file states its guarantee):
    (`fold_batch_norms.py`), shape plumbing
    resolved (`shape_plumbing.py`), dims sized by that plumbing named where exact
    (`plumbed_dims.py`), a Slice of an axis' last element and the Squeeze of that axis written as
-   one Gather (`last_element_gathers.py`), dead nodes and initializers removed (onnx-ir's
+   one Gather (`last_element_gathers.py`), the axes a Slice takes whole dropped from it
+   (`whole_axis_slices.py`), a Loop's carried dims made its initial value's where the body
+   keeps them (`loop_carried_dims.py`), dead nodes and initializers removed (onnx-ir's
    RemoveUnusedNodesPass).
 
 Everything works on onnx-ir's in-memory model; the loader hands in and gets back a ModelProto.
@@ -41,10 +43,12 @@ from .fold_constants import MAX_FOLDED_ELEMENTS, FoldConstantsPass
 from .infer_shapes import InferShapesPass
 from .last_element_gathers import LastElementGathersPass
 from .lift_constants import LiftConstantsPass
+from .loop_carried_dims import LoopCarriedDimsPass
 from .name_input_dims import NameUnknownInputDimsPass
 from .plumbed_dims import NamePlumbedDimsPass
 from .shape_plumbing import ResolveShapePlumbingPass
 from .sparse_constants import densify_sparse_constants, has_sparse_tensors
+from .whole_axis_slices import WholeAxisSlicesPass
 
 MAX_ROUNDS = 8
 """Rounds of the fixed-point loop; each round that changes nothing ends it early."""
@@ -60,6 +64,8 @@ def canonical_passes(max_folded_elements: int = MAX_FOLDED_ELEMENTS) -> ir.passe
             ResolveShapePlumbingPass(),
             NamePlumbedDimsPass(),
             LastElementGathersPass(),
+            WholeAxisSlicesPass(),
+            LoopCarriedDimsPass(),
             RemoveUnusedNodesPass(),
         ],
         steps=MAX_ROUNDS,

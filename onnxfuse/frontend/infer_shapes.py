@@ -3,7 +3,8 @@
 onnx's inference keeps a shape already written on a value over the one it infers. Between two
 rounds of the front end's fixed point, a Pad's pads may have become a constant: the dims it
 named `unk__0` while the pads were unknown must not outlive that. So the dims onnx named itself
-(`unk__N`) are made unknown again first. Shapes the exporter declared (PyTorch's dynamo exporter
+(`unk__N`) are made unknown again first, in Loop and If bodies too (a body's Slice rewritten to
+keep its batch dim kept its old unknown one). Shapes the exporter declared (PyTorch's dynamo exporter
 writes every intermediate's, often with symbols onnx cannot derive) stay: clearing them lost
 fusions.
 
@@ -26,7 +27,7 @@ class InferShapesPass(ir.passes.InPlacePass):
     shapes and the constants, with data propagation; `modified` only if one changed."""
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        values = [o for node in model.graph for o in node.outputs]
+        values = [o for node in ir.traversal.RecursiveGraphIterator(model.graph) for o in node.outputs]
         before = {v: (v.shape, v.dtype) for v in values}
         for value in values:
             if value.shape is not None and any(_inferred(d) for d in value.shape):
