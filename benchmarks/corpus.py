@@ -1,6 +1,7 @@
 """The corpus check behind `make corpus-check` and `make bench-corpus`: every model of the
 exported corpus (models/exported/manifest.json) optimized with default options, verified on its
-recorded inputs, and with --time timed against onnxruntime.
+recorded inputs and on them cut to one along every symbolic dim (one row: onnxruntime takes
+kernels of its own there), and with --time timed against onnxruntime.
 
     python benchmarks/corpus.py                      # optimize + verify every model
     python benchmarks/corpus.py --time               # and time them (1 thread)
@@ -27,6 +28,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
+import onnxruntime as ort
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -35,6 +39,7 @@ from onnxfuse.atomic import write_text_atomic  # noqa: E402
 from onnxfuse.bench import BenchOptions, bench_model, machine_info  # noqa: E402
 from onnxfuse.errors import OnnxfuseError  # noqa: E402
 from onnxfuse.measure.contenders import BASELINE, FUSED  # noqa: E402
+from onnxfuse.measure.inputs import load_inputs, model_inputs, resize_inputs  # noqa: E402
 from onnxfuse.report import render_table  # noqa: E402
 from onnxfuse.verify import verify_models  # noqa: E402
 
@@ -79,9 +84,29 @@ def check_model(name: str, entry: dict, timed: bool) -> dict:
         row["verify"] = verdict.to_json()
     except OnnxfuseError as exc:
         row["verify"] = {"ok": False, "error": str(exc)}
+    row["verify_one"] = verify_at_one(path, fused, inputs)
     if timed:
         row["timing"] = time_model(name, entry, path, fused, inputs)
     return row
+
+
+def verify_at_one(path: Path, fused: Path, inputs: Path) -> dict:
+    """verify on the recorded inputs cut to 1 along every symbolic dim; {"skipped": why} where
+    there is none or onnxruntime rejects such inputs for the original model."""
+    specs = model_inputs(path)
+    if all(isinstance(d, int) and d > 0 for spec in specs for d in spec.shape):
+        return {"skipped": "no symbolic dim"}
+    feeds = resize_inputs(load_inputs(inputs, specs), specs, batch=1)
+    try:
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    except Exception as exc:  # noqa: BLE001 - the original's own failure: nothing to compare
+        return {"skipped": f"onnxruntime rejects them for the original: {str(exc).splitlines()[0][:120]}"}
+    at_one = WORK / f"{path.stem}.at_one.npz"
+    np.savez(at_one, **feeds)
+    try:
+        return verify_models(path, fused, inputs=at_one).to_json()
+    except OnnxfuseError as exc:
+        return {"ok": False, "error": str(exc)}
 
 
 def time_model(name: str, entry: dict, path: Path, fused: Path, inputs: Path) -> list[dict]:
@@ -141,8 +166,10 @@ def speedup_text(timing: list[dict], at: str) -> str:
     return f"{run['speedup']:.2f}× ({run['label']})"
 
 
-def verdict_text(row: dict) -> str:
-    v = row.get("verify", {})
+def verdict_text(row: dict, key: str = "verify") -> str:
+    v = row.get(key, {})
+    if "skipped" in v:
+        return "—"
     if v.get("ok") and v.get("bitwise"):
         return "match, same bits"
     if v.get("ok"):
@@ -156,16 +183,16 @@ def verdict_text(row: dict) -> str:
 
 
 def table(rows: list[dict], timed: bool, markdown: bool = False) -> str:
-    header = ["model", "compute nodes", "in kernels", "groups compiled / fell back", "verify"]
+    header = ["model", "compute nodes", "in kernels", "groups compiled / fell back", "verify", "verify at one"]
     if timed:
         header += ["speedup at inputs", f"speedup at batch {BATCH}", f"speedup at batch {TREE_BATCH}"]
     out = []
     for r in rows:
         if "error" in r:
-            out.append([r["model"], "—", "—", "—", r["error"][:80]] + (["—"] * 3 if timed else []))
+            out.append([r["model"], "—", "—", "—", r["error"][:80], "—"] + (["—"] * 3 if timed else []))
             continue
         line = [r["model"], str(r["compute_nodes"]), f"{r['fused_compute_nodes']} ({r['fused_fraction']:.0%})",
-                f"{r['groups_compiled']} / {r['groups_fallback']}", verdict_text(r)]
+                f"{r['groups_compiled']} / {r['groups_fallback']}", verdict_text(r), verdict_text(r, "verify_one")]
         if timed:
             timing = r.get("timing", [])
             at = ["inputs", f"batch {BATCH}", f"batch {TREE_BATCH}"]
@@ -183,7 +210,8 @@ def reasons_text(rows: list[dict]) -> str:
 
 
 def failed(rows: list[dict]) -> list[str]:
-    return [r["model"] for r in rows if "error" in r or not r.get("verify", {}).get("ok")]
+    return [r["model"] for r in rows if "error" in r or not r.get("verify", {}).get("ok")
+            or r.get("verify_one", {}).get("ok") is False]
 
 
 def write_results(rows: list[dict], timed: set[str], command: str, seconds: float, done: bool) -> str:
@@ -198,7 +226,8 @@ def write_results(rows: list[dict], timed: set[str], command: str, seconds: floa
     head = (f"{report['date']}, `{command}`, {seconds / 60:.1f} min{'' if done else f' (stopped after {len(rows)} models)'}. "
             f"{machine['cpu']}, {machine['cores']} cores; onnxruntime {machine['onnxruntime']}, TVM "
             f"{machine.get('tvm', '?')}. Compute nodes: all but shape plumbing (docs/report.md); in kernels: those "
-            f"inside compiled kernels. Verify: onnxfuse verify on the model's recorded inputs. Speedup: onnxruntime's "
+            f"inside compiled kernels. Verify: onnxfuse verify on the model's recorded inputs; at one: on them cut to 1 along "
+            f"every symbolic dim (— where there is none, or onnxruntime rejects that for the original). Speedup: onnxruntime's "
             f"time / onnxfuse's, median over alternating rounds, 1 thread, IOBinding.")
     write_text_atomic(RESULTS / "corpus.md", "\n\n".join([head, table(rows, bool(timed), markdown=True),
                                                           reasons_text(rows)]) + "\n")

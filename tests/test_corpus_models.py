@@ -1,7 +1,8 @@
 """A CI-sized slice of the exported corpus (models/exported/): each model optimized through the
-CLI with default options, its outputs compared with onnxruntime's on the model's recorded
-inputs, and its fusion plan (`onnxfuse inspect --json`) checked for unfused nodes that the
-frontend should have made fusable.
+CLI with default options, its outputs compared with onnxruntime's, bit for bit, on the model's
+recorded inputs and on them cut to one along every symbolic dim (where onnxruntime takes kernels
+of its own, e.g. a product of one row by a run-time weight), and its fusion plan (`onnxfuse
+inspect --json`) checked for unfused nodes that the frontend should have made fusable.
 
 What counts as "the frontend's fault" (an exporter's constant or shape plumbing left in the way):
 - a reason "it reads only constants" (constant folding, in the main graph or a body, missed it);
@@ -22,17 +23,19 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from onnxfuse_cli.main import main
 
 from onnxfuse.frontend.loader import load_model
 from onnxfuse.ir import Graph
+from onnxfuse.measure.inputs import load_inputs, model_inputs, resize_inputs
 from onnxfuse.verify import verify_models
 
 CORPUS = Path(__file__).resolve().parent.parent / "models" / "exported"
 SUBSET = ["lstm_cell_stacked_ts", "gru_cell_dynamo", "hb_rf_tree_trav", "hb_lgbm_perf_tree_trav",
-          "bert_tiny_2l_dynamo", "mobilenet_tiny_ts", "skl2onnx_mlp", "denoiser_tiny_dynamo", "keras_mlp"]
+          "bert_tiny_2l_dynamo", "mobilenet_tiny_ts", "skl2onnx_mlp", "denoiser_tiny_dynamo", "keras_mlp", "keras_gru"]
 RUN_TIME_INPUT = re.compile(r"input (\d+) of \w+ is computed at run time")
 UNKNOWN = re.compile(r"\b(dtype|shape) of .* is unknown")
 
@@ -121,6 +124,12 @@ def test_corpus_model_optimizes_and_matches_onnxruntime_on_its_inputs(name, tmp_
     assert result.exit_code == 0, result.output
     check = verify_models(model, fused, inputs=inputs)
     assert check.ok, f"{name}: {check.worst.name} differs (max abs error {check.worst.max_abs_error})"
+    assert check.bitwise, f"{name}: {check.worst.name} is not onnxruntime's bits (max abs error {check.worst.max_abs_error})"
+    specs = model_inputs(model)
+    one = tmp_path / "at_one.npz"
+    np.savez(one, **resize_inputs(load_inputs(inputs, specs), specs, batch=1))  # every symbolic dim cut to 1
+    at_one = verify_models(model, fused, inputs=one)
+    assert at_one.bitwise, f"{name} at one: {at_one.worst.name} (max abs error {at_one.worst.max_abs_error})"
     assert frontend_misses(model) == []
     report = json.loads(report_path.read_text())
     unknown = [f"{g['name']}: {g['reason']}" for g in report["groups"]
