@@ -1,13 +1,13 @@
 """A MatMul by a run-time weight, at one row, summed as onnxruntime sums it.
 
-onnxruntime prepacks the weight of a MatMul when it is a constant of the graph, and then every
-row count takes MLAS's packed SGEMM: one fused multiply-add chain over k (TVM's order up to 256
-k's; gemm_blocks past it). A weight computed at run time, a graph input, or a value a Loop or If
-body reads from the graph around it is not prepacked, and MLAS then takes a kernel of its own for
-a single row of A (x86-64: `MlasSgemmKernelM1Avx`): K in groups of four, then a pair, then one;
+onnxruntime prepacks the weight of a MatMul when it is a constant (of the node's graph or, read
+by a body, of an enclosing one), and then every row count takes MLAS's packed SGEMM: one fused
+multiply-add chain over k (TVM's order up to 256 k's; gemm_blocks past it). A weight computed at
+run time, a graph input, or a Loop's carried value is not prepacked, and MLAS then takes a
+kernel of its own for a single row of A (x86-64: `MlasSgemmKernelM1Avx`): K in groups of four, then a pair, then one;
 each group's products rounded and added left to right (a multiply, then an add: no FMA), and
-only then added to the output, which starts at +0.0. A Keras GRU converted by tf2onnx multiplies
-by its kernels inside a Loop body, so at batch 1 two of its four outputs differed in the last bit.
+only then added to the output, which starts at +0.0. A Keras GRU converted by tf2onnx hands its
+kernels through its Loop as carried values, so at batch 1 two of its four outputs differed.
 
 So such a product, where its rows may number one, is lowered as
 `rows == 1 ? one_row_order : TVM's product`, the condition an `if_then_else`: only the branch

@@ -26,8 +26,8 @@ kernel's bits wherever it fused, and the ops' where it did not:
   that is other bits: MLAS sums K in blocks of 256, and its Gemm starts the output from the bias,
   `((b + p0) + p1) + ...`, where the MatMul's output `(p0 + p1) + ...` gets the bias last
   (codegen/gemm_blocks.py). Such a pair is written as the Gemm in the group model.
-- The same pair with a weight known only at run time (a graph input, a value computed, or one
-  a Loop body reads from the graph around it, which onnxruntime does not prepack) becomes a Gemm
+- The same pair with a weight known only at run time (a graph input, a value computed, or a
+  Loop's carried value, which onnxruntime does not prepack) becomes a Gemm
   too, and at one row that Gemm sums in MLAS's one-row order from the bias
   (codegen/one_row_products.py), so it is written as the Gemm whatever its K.
 
@@ -152,13 +152,16 @@ def _graphs(graph: onnx.GraphProto):
                 yield from _graphs(sub)
 
 
-def _nodes_in_scope(graph: onnx.GraphProto):
-    """(node, the names of the constants of the node's own graph) for every node, in bodies too:
-    onnxruntime prepacks a weight only where it is a constant of the node's own graph."""
-    for scope in _graphs(graph):
-        constants = {tensor.name for tensor in scope.initializer}
-        for node in scope.node:
-            yield node, constants
+def _nodes_in_scope(graph: onnx.GraphProto, outer: frozenset[str] = frozenset()):
+    """(node, the names of the constants it sees: its graph's and the enclosing graphs') for
+    every node, in bodies too: onnxruntime prepacks those (a body's captured constant too), not a
+    graph input or a Loop's carried value."""
+    constants = outer | {tensor.name for tensor in graph.initializer}
+    for node in graph.node:
+        yield node, constants
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                yield from _nodes_in_scope(sub, constants)
 
 
 def _depth(gemm: onnx.NodeProto, initializers: dict) -> int:
