@@ -32,6 +32,7 @@ class Value:
     is_graph_input: bool = False
     is_graph_output: bool = False
     initializer: onnx.TensorProto | None = None
+    overridable: bool = False  # an initializer the graph also lists as an input (IR 3 exports)
 
     @property
     def is_constant(self) -> bool:

@@ -3,7 +3,8 @@
 onnxruntime prepacks the weight of a MatMul when it is a constant (of the node's graph or, read
 by a body, of an enclosing one), and then every row count takes MLAS's packed SGEMM: one fused
 multiply-add chain over k (TVM's order up to 256 k's; gemm_blocks past it). A weight computed at
-run time, a graph input, or a Loop's carried value is not prepacked, and MLAS then takes a
+run time, a graph input, a Loop's carried value or an initializer also listed as an input (a
+caller may feed it; fusion/extract.py lists it so in the group model) is not prepacked, and MLAS then takes a
 kernel of its own for a single row of A (x86-64: `MlasSgemmKernelM1Avx`): K in groups of four, then a pair, then one;
 each group's products rounded and added left to right (a multiply, then an add: no FMA), and
 only then added to the output, which starts at +0.0. A Keras GRU converted by tf2onnx hands its

@@ -103,6 +103,8 @@ def build_graph(model: onnx.ModelProto, inferred: onnx.ModelProto | None = None,
         v = value(vi.name)
         if v.initializer is None:
             v.is_graph_input = True
+        else:
+            v.overridable = True
         _set_type(v, vi)
     for vi in list(g.value_info) + list(g.output):
         _set_type(value(vi.name), vi)

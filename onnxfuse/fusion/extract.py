@@ -64,6 +64,8 @@ def extract_group(graph: Graph, group: FusedGroup) -> onnx.ModelProto:
         value = graph.value(name)
         if value.initializer is not None:
             initializers[name] = value.initializer
+            if value.overridable and value.dtype is not None and np.dtype(value.dtype).kind == "f":
+                inputs.append(_value_info(value, f"input {name!r}"))  # a weight onnxruntime does not prepack
         else:
             inputs.append(_value_info(value, f"input {name!r}"))
     outputs = [_value_info(graph.value(name), f"output {name!r}", allow_unknown_dims=True) for name in group.outputs]
