@@ -10,6 +10,8 @@ import operator
 
 import tvm
 
+from ..kernel_spec import DerivedDim
+
 
 def i64(value):
     """An int64 index constant for an int; an expression passes through unchanged."""
@@ -42,3 +44,21 @@ def static_length(shape) -> int | None:
     """The number of elements of `shape`, or None if a dim is symbolic."""
     dims = [int(d) if isinstance(d, (int, tvm.tirx.IntImm)) else None for d in shape]
     return None if None in dims else functools.reduce(operator.mul, dims, 1)
+
+
+def derived_dim(expr) -> DerivedDim | None:
+    """A shape expression as `symbol * multiplier // divisor` (a symbol alone, `s * c`, `s // c`,
+    `s * a // b`), else None."""
+    tirx = tvm.tirx
+    if isinstance(expr, tirx.Var):
+        return DerivedDim(str(expr.name))
+    if isinstance(expr, tirx.Mul):
+        var_side, const_side = (expr.a, expr.b) if isinstance(expr.b, tirx.IntImm) else (expr.b, expr.a)
+        inner = derived_dim(var_side) if isinstance(const_side, tirx.IntImm) else None
+        if inner is not None and inner.divisor == 1 and const_side.value >= 1:
+            return DerivedDim(inner.symbol, inner.multiplier * int(const_side.value))
+    if isinstance(expr, tirx.FloorDiv) and isinstance(expr.b, tirx.IntImm) and expr.b.value >= 1:
+        inner = derived_dim(expr.a)
+        if inner is not None and inner.divisor == 1:
+            return DerivedDim(inner.symbol, inner.multiplier, int(expr.b.value))
+    return None

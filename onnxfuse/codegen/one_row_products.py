@@ -31,7 +31,7 @@ from tvm import relax, te
 from tvm.relax.frontend.onnx import onnx_frontend
 
 from . import tir_walk
-from .index_math import i64
+from .index_math import i64, static_length
 from .rounded_products import rounded
 
 GROUP = 4  # k's per group of the one-row kernel
@@ -126,15 +126,14 @@ def takes_one_row_kernel(bb: relax.BlockBuilder, data, weight) -> bool:
     k, n = (tir_walk.static_int(d) for d in weight_shape)
     if k is None or n is None or n < 2 or k > MAX_UNROLLED_K or tir_walk.static_int(data_shape[-1]) != k:
         return False
-    static_rows = [tir_walk.static_int(d) for d in data_shape[:-1]]
-    if None not in static_rows and functools.reduce(operator.mul, static_rows, 1) != 1:
+    if static_length(data_shape[:-1]) not in (None, 1):  # rows that are never one
         return False
     return _depends_on_input(bb, weight)
 
 
 def has_one_row(data) -> bool:
     """Whether `data` has one row by its static shape (the product needs no other order)."""
-    return tir_walk.static_int(functools.reduce(operator.mul, list(data.ty.shape.values)[:-1], i64(1))) == 1
+    return static_length(list(data.ty.shape.values)[:-1]) == 1
 
 
 def emit_product(bb: relax.BlockBuilder, data, weight, product, bias=None):

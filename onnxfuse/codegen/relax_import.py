@@ -30,7 +30,7 @@ from tvm.relax.frontend.onnx import from_onnx
 from tvm.tirx.buffer import is_buffer_var
 
 from ..errors import CompileError, short_reason
-from ..kernel_spec import DerivedDim, Dim
+from ..kernel_spec import Dim
 from . import (
     float16_as_onnxruntime,
     narrow_tables,
@@ -42,6 +42,7 @@ from . import (
 )
 from .fast_math import FastMath
 from .fold_shape_take import FoldShapeTake
+from .index_math import derived_dim
 from .legalize import CUSTOM_LEGALIZE
 from .nan_safe_comparisons import NanSafeNegatedComparisons
 from .scalar_operands import ScalarOperands
@@ -72,26 +73,10 @@ def _dim(value, multiples: tuple[tuple[str, int], ...] = ()) -> Dim:
         return int(value.value)
     if isinstance(value, tvm.tirx.Var):
         return str(value.name)
-    derived = _derived_dim(value) or reshape_divisions.exact_dim(value, multiples)
+    derived = derived_dim(value) or reshape_divisions.exact_dim(value, multiples)
     if derived is None:
         raise CompileError(f"shapes: dimension {value} is an expression, not a named dim")
     return derived
-
-
-def _derived_dim(expr) -> DerivedDim | None:
-    tirx = tvm.tirx
-    if isinstance(expr, tirx.Var):
-        return DerivedDim(str(expr.name))
-    if isinstance(expr, tirx.Mul):
-        var_side, const_side = (expr.a, expr.b) if isinstance(expr.b, tirx.IntImm) else (expr.b, expr.a)
-        inner = _derived_dim(var_side) if isinstance(const_side, tirx.IntImm) else None
-        if inner is not None and inner.divisor == 1 and const_side.value >= 1:
-            return DerivedDim(inner.symbol, inner.multiplier * int(const_side.value))
-    if isinstance(expr, tirx.FloorDiv) and isinstance(expr.b, tirx.IntImm) and expr.b.value >= 1:
-        inner = _derived_dim(expr.a)
-        if inner is not None and inner.divisor == 1:
-            return DerivedDim(inner.symbol, inner.multiplier, int(expr.b.value))
-    return None
 
 
 def _tensor_types(ty, multiples: tuple[tuple[str, int], ...] = ()) -> list:

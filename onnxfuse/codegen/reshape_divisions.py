@@ -28,6 +28,7 @@ from tvm.tirx.transform.common import BufferReplacer
 
 from ..errors import CompileError
 from ..kernel_spec import DerivedDim, Dim
+from .index_math import derived_dim
 
 ERROR_KIND = "ValueError"
 _DIVISIONS: contextvars.ContextVar[list | None] = contextvars.ContextVar("reshape_divisions", default=None)
@@ -74,14 +75,8 @@ class ReshapeRecordingDivisions(onnx_frontend.OnnxOpConverter):
 
 def _scaled_symbol(expr) -> tuple[str, int] | None:
     """(symbol, multiplier) for `symbol * c` (or the symbol alone), else None."""
-    if isinstance(expr, tirx.Var):
-        return str(expr.name), 1
-    if isinstance(expr, tirx.Mul):
-        for var, const in ((expr.a, expr.b), (expr.b, expr.a)):
-            inner = _scaled_symbol(var)
-            if inner is not None and isinstance(const, tirx.IntImm) and const.value >= 1:
-                return inner[0], inner[1] * int(const.value)
-    return None
+    dim = derived_dim(expr)
+    return (dim.symbol, dim.multiplier) if dim is not None and dim.divisor == 1 else None
 
 
 def requirements(divisions: list) -> tuple[tuple[str, int], ...]:

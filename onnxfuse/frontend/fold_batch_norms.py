@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from .tensors import add_initializer, constant_array, used_names_everywhere
+from .tensors import add_initializer, constant_array, take_over, used_names_everywhere
 
 BATCH_NORM_VERSIONS = (1, 6, 7, 9, 14, 15)
 BATCH_NORM_FOLDED = (7, 9, 14, 15)
@@ -104,10 +104,5 @@ def _fold(graph: ir.Graph, conv: ir.Node, batch_norm: ir.Node, taken: set[str]) 
     bias_value = add_initializer(graph, f"{batch_norm.inputs[2].name}_bn_folded", new_bias, taken)
     inputs = [conv.inputs[0], weight_value, bias_value]
     folded = ir.Node("", "Conv", inputs, attributes=list(conv.attributes.values()), name=conv.name, num_outputs=1)
-    folded.outputs[0].shape, folded.outputs[0].type = batch_norm.outputs[0].shape, batch_norm.outputs[0].type
-    graph.insert_before(conv, folded)
-    batch_norm.outputs[0].replace_all_uses_with(folded.outputs[0], replace_graph_outputs=True)
-    name = batch_norm.outputs[0].name
-    graph.remove([batch_norm, conv], safe=True)
-    folded.outputs[0].name = name
+    take_over(graph, folded, batch_norm.outputs[0], [conv, batch_norm])
     return True

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from .tensors import add_initializer, constant_ints, used_names_everywhere
+from .tensors import add_initializer, constant_ints, take_over, used_names_everywhere
 
 TO_THE_END = 2**31 - 1  # an `ends` this large (INT_MAX, INT64_MAX) means "through the last element"
 
@@ -76,11 +76,5 @@ def _rewrite(slice_node: ir.Node, taken: set[str]) -> bool:
     index = add_initializer(graph, f"{sliced.name}__last", np.array(-1, np.int64), taken)
     gather = ir.Node("", "Gather", [data, index], attributes=[ir.AttrInt64("axis", _normalized(axis, rank))],
                      name=squeeze.name or slice_node.name, num_outputs=1)
-    result = squeeze.outputs[0]
-    gather.outputs[0].shape, gather.outputs[0].type = result.shape, result.type
-    graph.insert_before(slice_node, gather)
-    result.replace_all_uses_with(gather.outputs[0], replace_graph_outputs=True)
-    name = result.name
-    graph.remove([squeeze, slice_node], safe=True)
-    gather.outputs[0].name = name
+    take_over(graph, gather, squeeze.outputs[0], [slice_node, squeeze])
     return True

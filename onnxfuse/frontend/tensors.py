@@ -70,6 +70,18 @@ def replace_with_initializer(graph: ir.Graph, old: ir.Value, array: np.ndarray, 
     old.replace_all_uses_with(new)
 
 
+def take_over(graph: ir.Graph, new: ir.Node, result: ir.Value, removed: list[ir.Node]) -> None:
+    """`new`, inserted before the first of `removed`, writes `result` instead of them: its one
+    output takes `result`'s type, shape, readers (graph outputs included) and name; `removed`
+    go."""
+    new.outputs[0].shape, new.outputs[0].type = result.shape, result.type
+    graph.insert_before(removed[0], new)
+    result.replace_all_uses_with(new.outputs[0], replace_graph_outputs=True)
+    name = result.name
+    graph.remove(removed, safe=True)
+    new.outputs[0].name = name
+
+
 def _fresh(base: str, taken: set[str]) -> str:
     name, n = base, 0
     while name in taken:

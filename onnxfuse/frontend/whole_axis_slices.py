@@ -13,7 +13,7 @@ import numpy as np
 import onnx_ir as ir
 
 from .last_element_gathers import TO_THE_END
-from .tensors import add_initializer, constant_ints, used_names_everywhere
+from .tensors import add_initializer, constant_ints, take_over, used_names_everywhere
 
 
 class WholeAxisSlicesPass(ir.passes.InPlacePass):
@@ -42,22 +42,11 @@ def _rewrite(node: ir.Node, taken: set[str]) -> bool:
         return False
     graph = node.graph
     if not cut:
-        identity = ir.Node("", "Identity", [node.inputs[0]], name=node.name, num_outputs=1)
-        _take_over(graph, node, identity)
+        take_over(graph, ir.Node("", "Identity", [node.inputs[0]], name=node.name, num_outputs=1), node.outputs[0], [node])
         return True
     base = node.outputs[0].name or node.name or "slice"
     kept = [add_initializer(graph, f"{base}__{part}", np.array([values[i] for i in cut], np.int64), taken)
             for part, values in (("starts", starts), ("ends", ends), ("axes", axes), ("steps", steps))]
-    _take_over(graph, node, ir.Node("", "Slice", [node.inputs[0], *kept], name=node.name, num_outputs=1))
+    take_over(graph, ir.Node("", "Slice", [node.inputs[0], *kept], name=node.name, num_outputs=1), node.outputs[0], [node])
     return True
 
-
-def _take_over(graph: ir.Graph, old: ir.Node, new: ir.Node) -> None:
-    """`new` in `old`'s place, writing its output (name, type, shape) to its readers."""
-    result = old.outputs[0]
-    new.outputs[0].shape, new.outputs[0].type = result.shape, result.type
-    graph.insert_before(old, new)
-    result.replace_all_uses_with(new.outputs[0], replace_graph_outputs=True)
-    name = result.name
-    graph.remove(old, safe=True)
-    new.outputs[0].name = name

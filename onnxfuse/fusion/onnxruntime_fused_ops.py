@@ -133,23 +133,10 @@ def _long_products(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> bool:
     rows = {tensor.name: tensor.dims[0] for tensor in model.graph.initializer if len(tensor.dims) == 2}
     if any(node.op_type == "MatMul" and rows.get(node.input[1], 0) > MLAS_K_BLOCK for node in nodes):
         return True
-    for graph in _graphs(model.graph):
-        constants = {tensor.name for tensor in graph.initializer}
-        constants |= {out for node in graph.node if node.op_type == "Constant" for out in node.output}
-        added = {name for node in graph.node if node.op_type == "Add" for name in node.input}
-        if any(node.op_type == "MatMul" and len(node.input) == 2 and node.input[1] not in constants
-               and node.output[0] in added for node in graph.node):
-            return True
-    return False
-
-
-def _graphs(graph: onnx.GraphProto):
-    """The graph and every body inside it."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                yield from _graphs(sub)
+    added = {name for node in nodes if node.op_type == "Add" for name in node.input}
+    constant_nodes = {out for node in nodes if node.op_type == "Constant" for out in node.output}
+    return any(node.op_type == "MatMul" and len(node.input) == 2 and node.output[0] in added
+               and node.input[1] not in constants | constant_nodes for node, constants in _nodes_in_scope(model.graph))
 
 
 def _nodes_in_scope(graph: onnx.GraphProto, outer: frozenset[str] = frozenset()):
