@@ -138,13 +138,18 @@ def test_past_the_unrolled_limit_the_product_is_left_as_tvm_computes_it(tmp_path
     np.testing.assert_allclose(fused.run(None, f)[0], original.run(None, f)[0], rtol=1e-4, atol=1e-4)
 
 
-def test_an_initializer_the_model_lists_as_an_input_is_a_run_time_weight(tmp_path):
+@pytest.mark.parametrize("biased", [False, True])
+def test_an_initializer_the_model_lists_as_an_input_is_a_run_time_weight(tmp_path, biased):
     """IR-3 exports (the ONNX model zoo's) list every initializer as a graph input too:
     onnxruntime then treats the weight as one a caller may feed and does not prepack it, so at
     one row it takes the one-row kernel (74 of 96 outputs differed while the group baked it in)."""
     rng = np.random.default_rng(3)
     m = model([node("MatMul", ["x", "w"], "p"), node("Neg", ["p"], "y")], {"x": ("N", 32)}, {"y": ("N", 96)},
               {"w": rng.standard_normal((32, 96)).astype(F32)})
+    if biased:  # onnxruntime makes MatMul + Add its Gemm by such a weight too: from the bias (54 of 96 differed)
+        m = model([node("MatMul", ["x", "w"], "p"), node("Add", ["p", "b"], "s"), node("Neg", ["s"], "y")],
+                  {"x": ("N", 32)}, {"y": ("N", 96)},
+                  {"w": rng.standard_normal((32, 96)).astype(F32), "b": rng.standard_normal(96).astype(F32)})
     m.graph.input.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [32, 96]))
     fused, original = fused_session(m, tmp_path), original_session(m)
     for rows in (1, 4):

@@ -143,7 +143,8 @@ def _nodes_in_scope(graph: onnx.GraphProto, outer: frozenset[str] = frozenset())
     """(node, the names of the constants it sees: its graph's and the enclosing graphs') for
     every node, in bodies too: onnxruntime prepacks those (a body's captured constant too), not a
     graph input or a Loop's carried value."""
-    constants = outer | {tensor.name for tensor in graph.initializer}
+    listed = {value.name for value in graph.input}  # an initializer listed as an input may be fed: not one
+    constants = outer | {tensor.name for tensor in graph.initializer if tensor.name not in listed}
     for node in graph.node:
         yield node, constants
         for attr in node.attribute:
