@@ -24,7 +24,8 @@ Why this shape (measured; docs/codegen.md keeps the numbers):
   inside the reduction loops, so the update is a vector FMA over output columns.
 - The duplication guard (max_duplication, inline_cheap_producers) bounds how often one producer
   is re-emitted; the default 1 keeps the behaviour measured in the notes.
-- Elementwise blocks: trailing static loops fused, split by the vector width, vectorized.
+- Elementwise blocks: trailing static loops fused, split by the vector width (several registers
+  wide for a long value: interleaved_vectors), vectorized.
 - Gather chains (tree walks): one loop per level and a one-row small-batch variant (tree_schedule).
 Every step is attempted on its own and skipped if TVM refuses it: an unusual group gets a
 simpler (still valid) schedule rather than a failure.
@@ -47,6 +48,7 @@ from . import (
     gemm_blocks,
     gemm_shapes,
     ieee_order,
+    interleaved_vectors,
     row_sums,
     tir_walk,
     tree_schedule,
@@ -79,6 +81,7 @@ class ScheduleStats:
     column_blocks_first: int = 0  # GEMMs whose column blocks run outside the row blocks (_tile_loop_order)
     unpredicated_blocks: int = 0  # blocks the ragged last tile runs whole (clamped_tail)
     vector_tails: int = 0  # rows run as whole vectors and a narrower tail (vectorize_with_tail)
+    interleaved: int = 0  # long values vectorized several registers wide (interleaved_vectors)
     parallel: bool = False
     tile_rows: int = 0
     gemm_sized_tiles: bool = False  # row tiles of a GEMM group's size (gemm_tile_rows): a small batch is all tail
@@ -505,6 +508,7 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
     if not _try(stats, f"fuse {name}", lambda: holder.update(loop=sch.fuse(*trailing) if len(trailing) > 1 else trailing[0])):
         return
     fused = holder["loop"]
+    register_lanes, lanes = lanes, _interleaved_lanes(block, extent, lanes, registers)
     if extent > lanes and extent % lanes == 0:
         if not _try(stats, f"split {name}", lambda: holder.update(parts=sch.split(fused, [None, lanes]))):
             return
@@ -516,6 +520,16 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
         return  # a ragged tail would put a predicate inside the vector loop
     if _try(stats, f"vectorize {name}", lambda: sch.vectorize(fused)):
         stats.vectorized += 1
+        stats.interleaved += lanes > register_lanes
+
+
+def _interleaved_lanes(block, extent: int, lanes: int, registers: RegisterFile) -> int:
+    """Lanes for a block's fused vector loop: several registers wide for a long value
+    (interleaved_vectors), unless that would move a Concat's cut off a vector boundary."""
+    wide = interleaved_vectors.vector_lanes(interleaved_vectors.value_ops(block), extent, lanes, registers)
+    if wide > lanes and _selects_by_position(block, lanes) and not _selects_by_position(block, wide):
+        return lanes
+    return wide
 
 
 def vectorize_with_tail(sch, stats: ScheduleStats, loop, extent: int, lanes: int) -> None:
