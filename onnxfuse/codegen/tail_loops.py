@@ -12,7 +12,7 @@ loop (a Concat's parts), lets and then one such `if` per block, all with the sam
 r >= d do nothing, and the test is monotone in r, so `for r in range(min(K, max(d, 0))): body`
 is the same program. This pass makes that rewrite; compile.build_module runs it after TVM's
 default TIR pipeline (the pipeline named PIPELINE, registered here, which also runs
-ieee_order.FoldZeroReinterprets).
+ieee_order.FoldZeroReinterprets and stack_buffers.StackBuffers).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from tvm import tirx
 from tvm.tirx import compilation_pipeline
 
 from .ieee_order import FoldZeroReinterprets
+from .stack_buffers import StackBuffers
 
 PIPELINE = "onnxfuse"
 
@@ -103,7 +104,8 @@ def ClampTailLoops(func, _mod, _ctx):  # noqa: N802 - named as TVM names passes
 def _pipeline_factory():
     lower, finalize_host, finalize_device = compilation_pipeline.get_tir_pipeline("s_tir")
     # FoldZeroReinterprets: after the last simplifier, which may fold a fenced integer to 0 (ieee_order)
-    return tvm.transform.Sequential([lower, FoldZeroReinterprets, ClampTailLoops]), finalize_host, finalize_device
+    passes = [lower, FoldZeroReinterprets, ClampTailLoops, StackBuffers]
+    return tvm.transform.Sequential(passes), finalize_host, finalize_device
 
 
 compilation_pipeline.register_tir_pipeline(PIPELINE, _pipeline_factory)
