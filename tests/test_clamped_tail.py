@@ -10,11 +10,13 @@ import onnxruntime as ort
 import pytest
 import tvm
 import tvm_ffi
+from conftest import MODELS, run_both
 from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
 from tvm import s_tir
 
+from onnxfuse import optimize
 from onnxfuse.codegen import relax_import
 from onnxfuse.codegen.compile import build_module, compile_group
 from onnxfuse.codegen.register_file import AVX512
@@ -96,3 +98,44 @@ def test_every_ragged_batch_gives_onnxruntimes_bits(tmp_path):
         expected = reference.run(None, {"x": x})[0]
         got = compiled.run({"x": x})[0]
         assert np.array_equal(got.view(np.uint32), expected.view(np.uint32)), f"batch {batch}"
+
+
+# ---------------------------------------------------------------- tile-sized buffers, predicates kept
+
+def _transformer_mlp() -> onnx.ModelProto:
+    """LayerNorm, [N, 8, 64] @ [64, 256], GELU, [N, 8, 256] @ [256, 64], residual: rows of 8 under a
+    symbolic N, so the row tile is not a GEMM's and its blocks keep their batch predicates."""
+    return onnx.load(str(MODELS / "transformer_mlp.onnx"))
+
+
+def _allocated_shapes(func) -> list:
+    """The shapes of the buffers `func` allocates, once TVM has sized them (CompactBufferAllocation)."""
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    passes = [s_tir.transform.LowerInitBlock(), s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+              s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.CompactBufferAllocation()]
+    lowered = tvm.transform.Sequential(passes)(mod)["main"]
+    found = []
+
+    def collect(block):
+        found.extend(tuple(buffer.shape) for buffer in block.alloc_buffers)
+        return block
+    tvm_ffi.structural_map(lowered.body, [(s_tir.SBlock, collect)], order="post")
+    return found
+
+
+def test_predicated_tiles_get_buffers_of_the_tile_not_the_batch():
+    func, stats = schedule_group(relax_import.import_group(_transformer_mlp(), "g").prim_func, registers=AVX512)
+    assert stats.unpredicated_blocks == 0 and stats.tile_sized_blocks > 0
+    assert all("likely" in p for p in _predicates(func).values() if "< s" in p or "< N" in p)
+    shapes = _allocated_shapes(func)
+    assert shapes and all(isinstance(extent, tvm.tirx.IntImm) for shape in shapes for extent in shape), shapes
+
+
+def test_tile_sized_buffers_give_onnxruntimes_bits_at_every_batch(tmp_path):
+    source = MODELS / "transformer_mlp.onnx"
+    result = optimize(source, tmp_path / "mlp.fused.onnx", cache_dir=False, jobs=1, select="all")
+    assert result.report["groups_compiled"] == 1
+    for batch in [1, 2, 3, 4, 5, 7, 9, 64, 1001]:
+        x = np.random.default_rng(batch).standard_normal((batch, 8, 64)).astype(np.float32)
+        expected, actual = run_both(source, result.model_path, {"X": x})
+        assert np.array_equal(actual[0].view(np.uint32), expected[0].view(np.uint32)), f"batch {batch}"

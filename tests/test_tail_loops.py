@@ -98,6 +98,7 @@ def test_blocks_sharing_a_row_loop_end_it_together():
     (lambda r, d: r * 2 < d, None),  # not one row per step
     (lambda r, d: d < r, None),  # true past d, not before it
     (lambda r, d: r <= d, None),  # not a form the pass reads
+    (lambda r, d: tvm.tirx.likely(r < d), "d"),  # a batch bound clamped_tail.tile_sized_buffers hid
 ])
 def test_bound_below_reads_only_var_less_than_an_invariant(condition, expected):
     r, d = tvm.tirx.Var("r", "int64"), tvm.tirx.Var("d", "int64")

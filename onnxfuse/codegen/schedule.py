@@ -80,6 +80,7 @@ class ScheduleStats:
     epilogues_per_tile: int = 0  # GEMM readers run per register tile (epilogue_per_register_tile)
     column_blocks_first: int = 0  # GEMMs whose column blocks run outside the row blocks (_tile_loop_order)
     unpredicated_blocks: int = 0  # blocks the ragged last tile runs whole (clamped_tail)
+    tile_sized_blocks: int = 0  # blocks whose batch predicate TVM's buffer sizing ignores (tile_sized_buffers)
     vector_tails: int = 0  # rows run as whole vectors and a narrower tail (vectorize_with_tail)
     interleaved: int = 0  # long values vectorized several registers wide (interleaved_vectors)
     parallel: bool = False
@@ -1223,6 +1224,8 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     func = sch.mod["main"]
     if gemm_tiled and stats.symbolic_rows and not stats.gather_chain:
         func, stats.unpredicated_blocks = clamped_tail.unpredicated_tail(func, row_tile, stats.tile_rows)
+    if tiled is not None and stats.symbolic_rows and not stats.gather_chain:
+        func, stats.tile_sized_blocks = clamped_tail.tile_sized_buffers(func, row_tile, stats.tile_rows)
     return func, stats
 
 

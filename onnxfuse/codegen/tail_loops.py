@@ -29,8 +29,14 @@ from .stack_buffers import StackBuffers
 PIPELINE = "onnxfuse"
 
 
+_LIKELY = tvm.ir.Op.get("prim.likely")
+
+
 def bound_below(condition, var):
-    """d such that `condition` is `var < d` with d invariant in var, else None."""
+    """d such that `condition` is `var < d` (or `likely(var < d)`, clamped_tail.tile_sized_buffers)
+    with d invariant in var, else None."""
+    if isinstance(condition, tvm.ir.expr.Call) and condition.op.same_as(_LIKELY):
+        condition = condition.args[0]
     if isinstance(condition, tirx.LT):
         margin = condition.b - condition.a  # a < b  <=>  b - a > 0
     elif isinstance(condition, tirx.GT):
