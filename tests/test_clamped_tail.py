@@ -139,3 +139,25 @@ def test_tile_sized_buffers_give_onnxruntimes_bits_at_every_batch(tmp_path):
         x = np.random.default_rng(batch).standard_normal((batch, 8, 64)).astype(np.float32)
         expected, actual = run_both(source, result.model_path, {"X": x})
         assert np.array_equal(actual[0].view(np.uint32), expected[0].view(np.uint32)), f"batch {batch}"
+
+
+def test_a_pooler_over_batch_and_seq_compiles_with_tile_sized_buffers(tmp_path):
+    """BERT's pooler as TorchScript writes it: Gather(x[N, S, 64], 0, axis=1), Gemm, Tanh. Sizing
+    its buffers once rebuilt the kernel's parameters, and the index checks made for the original
+    ones named buffers it no longer declared: the group fell back."""
+    rng = np.random.default_rng(8)
+    inits = [nh.from_array(np.array(0, np.int64), "first"),
+             nh.from_array((rng.standard_normal((64, 64)) * 0.2).astype(np.float32), "W"),
+             nh.from_array(rng.standard_normal(64).astype(np.float32), "b")]
+    nodes = [h.make_node("Gather", ["x", "first"], ["t"], axis=1), h.make_node("Gemm", ["t", "W", "b"], ["z"]),
+             h.make_node("Tanh", ["z"], ["y"])]
+    graph = h.make_graph(nodes, "pooler", [h.make_tensor_value_info("x", TP.FLOAT, ["N", "S", 64])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, ["N", 64])], inits)
+    source = tmp_path / "pooler.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), str(source))
+    result = optimize(source, tmp_path / "pooler.fused.onnx", cache_dir=False, jobs=1, select="all")
+    assert result.report["groups_compiled"] == 1, result.report
+    for batch, seq in [(1, 3), (5, 16), (64, 7)]:
+        x = rng.standard_normal((batch, seq, 64)).astype(np.float32)
+        expected, actual = run_both(source, result.model_path, {"x": x})
+        assert np.array_equal(actual[0].view(np.uint32), expected[0].view(np.uint32)), (batch, seq)

@@ -31,7 +31,6 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.tirx.buffer import is_buffer_var
-from tvm.tirx.transform.common import BufferReplacer
 
 from . import tir_walk
 
@@ -103,7 +102,13 @@ def _widened(func, buffers: set, tile_rows: int):
                  else tirx.Max(extent, tirx.const(tile_rows, extent.ty.dtype)) for extent in buffer.shape]
         replacements[buffer] = tirx.decl_buffer(shape, str(buffer.ty.dtype), buffer.name, scope=buffer.scope(),
                                                 layout=None)
-    return BufferReplacer(replacements)(func) if replacements else func
+    if not replacements:
+        return func
+    # Only these buffers: TVM's BufferReplacer rebuilt every buffer with a symbolic shape, the
+    # parameters too, and the checks whole_index_checks builds on the unscheduled function's
+    # parameters then named buffers the kernel no longer declared (BERT's pooler: a Gather by a
+    # run-time index, then Gemm, fell back).
+    return tvm_ffi.structural_map(func, [(tirx.Var, lambda var: replacements.get(var, var))], order="post")
 
 
 def tile_sized_buffers(func: tirx.PrimFunc, row_tile, tile_rows: int) -> tuple[tirx.PrimFunc, int]:
