@@ -161,3 +161,16 @@ def test_a_pooler_over_batch_and_seq_compiles_with_tile_sized_buffers(tmp_path):
         x = rng.standard_normal((batch, seq, 64)).astype(np.float32)
         expected, actual = run_both(source, result.model_path, {"x": x})
         assert np.array_equal(actual[0].view(np.uint32), expected[0].view(np.uint32)), (batch, seq)
+
+
+def test_a_sum_over_the_batch_keeps_its_bound():
+    """A ReduceSum over the batch tiles its reduction loop: its init must stay at the first row
+    (empty_reductions), so its `row < N` is left as it is (fuzz case reduce-empty-batch: a batch
+    of 0 returned the previous call's sum)."""
+    graph = h.make_graph([h.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)], "sum",
+                         [h.make_tensor_value_info("x", TP.FLOAT, ["N", 3])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, [1, 1])],
+                         [nh.from_array(np.array([0, 1], np.int64), "axes")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
+    func, stats = schedule_group(relax_import.import_group(model, "g").prim_func, registers=AVX512)
+    assert stats.symbolic_rows and stats.tile_sized_blocks == 0

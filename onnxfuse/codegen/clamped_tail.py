@@ -34,6 +34,8 @@ from tvm.tirx.buffer import is_buffer_var
 
 from . import tir_walk
 
+_COMM_REDUCE = 2  # IterVar.iter_type of a reduction axis
+
 
 def _conjuncts(predicate) -> list:
     if isinstance(predicate, tirx.And):
@@ -111,6 +113,13 @@ def _widened(func, buffers: set, tile_rows: int):
     return tvm_ffi.structural_map(func, [(tirx.Var, lambda var: replacements.get(var, var))], order="post")
 
 
+def _reduces_over(realize, var) -> bool:
+    """Whether the block sums (or otherwise reduces) along `var`: the row tile is then its
+    reduction loop (a ReduceSum over the batch), not a loop over its rows."""
+    return any(int(iv.iter_type) == _COMM_REDUCE and tir_walk.uses_var(value, var)
+               for iv, value in zip(realize.block.iter_vars, realize.iter_values))
+
+
 def tile_sized_buffers(func: tirx.PrimFunc, row_tile, tile_rows: int) -> tuple[tirx.PrimFunc, int]:
     """(`func` with each block's batch predicate wrapped in `likely`, and the intermediates those
     blocks write declared at least `tile_rows` long; how many blocks), for a kernel whose
@@ -130,6 +139,8 @@ def tile_sized_buffers(func: tirx.PrimFunc, row_tile, tile_rows: int) -> tuple[t
     written, blocks = set(), []
 
     def hidden(realize):
+        if _reduces_over(realize, row_tile):
+            return realize  # its init must stay where the tile's first row is (empty_reductions)
         conditions = _conjuncts(realize.predicate)
         bounds = [_is_batch_bound(c, row_tile, shape_vars) for c in conditions]
         if not any(bounds):
