@@ -1,5 +1,4 @@
-"""A register tile's small buffers (its accumulators, the copy its epilogue reads) live on the
-stack, so LLVM keeps them in registers.
+"""A register tile's accumulators live on the stack, so LLVM keeps them in registers.
 
 TVM puts a buffer on the stack (an `alloca`) only if it is a "global" one under 1,024 bytes;
 every other one is allocated through TVMBackendAllocWorkspace, memory LLVM cannot promote to
@@ -10,8 +9,15 @@ accumulators were loaded from memory before each tile's k loop and stored back a
 builtin lowering, such a buffer is an `alloca` that LLVM's SROA promotes to registers.
 
 Measured (fused models through onnxruntime, alternating rounds, ratio over onnxruntime, before ->
-local buffers only -> local and global): transformer_mlp at batch 64 1.24x -> 1.26x -> 1.30x and
-at 1,000 1.23x -> 1.24x -> 1.25x; lstm_gate, lstm_cell and gru_cell 1-3% faster at 64 and 1,000.
+after): transformer_mlp at batch 64 1.24x -> 1.26x and at 1,000 1.23x -> 1.24x; lstm_gate,
+lstm_cell and gru_cell 1-3% faster at 64 and 1,000.
+
+Only "local" buffers (the accumulators, which LLVM promotes to registers whole). Small "global"
+ones (the copy a per-tile epilogue reads) were faster on the stack too (transformer_mlp 1.30x at
+64), but they stay in memory there, and TVM asks no more than 16-byte alignment of an `alloca` of
+scalars (x_var_lanes, the per-tile copies): their
+zmm stores and loads may straddle cache lines, as unaligned spills did (stack_realign.py), and
+spill_guard counted them as spills (the GRU cell's kernel: 234 "spills" -> 1,087).
 
 Only buffers of at most STACK_BYTES (the widest register tile) are marked, and at most
 STACK_BUDGET bytes of them per function: a row tile's intermediates ([rows, 256] floats and
@@ -43,7 +49,7 @@ def stack_buffers(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
     def on_the_stack(alloc):
         buffer = alloc.buffer
-        if buffer.scope() not in ("local", "global") or DISABLE_LOWER_BUILTIN in alloc.annotations:
+        if buffer.scope() != "local" or DISABLE_LOWER_BUILTIN in alloc.annotations:
             return alloc
         size = _constant_bytes(buffer)
         if size is None or size > STACK_BYTES or size > left[0]:
