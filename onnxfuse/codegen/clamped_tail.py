@@ -34,8 +34,6 @@ from tvm.tirx.buffer import is_buffer_var
 
 from . import tir_walk
 
-_COMM_REDUCE = 2  # IterVar.iter_type of a reduction axis
-
 
 def _conjuncts(predicate) -> list:
     if isinstance(predicate, tirx.And):
@@ -116,14 +114,16 @@ def _widened(func, buffers: set, tile_rows: int):
 def _reduces_over(realize, var) -> bool:
     """Whether the block sums (or otherwise reduces) along `var`: the row tile is then its
     reduction loop (a ReduceSum over the batch), not a loop over its rows."""
-    return any(int(iv.iter_type) == _COMM_REDUCE and tir_walk.uses_var(value, var)
+    return any(int(iv.iter_type) == tir_walk.COMM_REDUCE and tir_walk.uses_var(value, var)
                for iv, value in zip(realize.block.iter_vars, realize.iter_values))
 
 
 def tile_sized_buffers(func: tirx.PrimFunc, row_tile, tile_rows: int) -> tuple[tirx.PrimFunc, int]:
     """(`func` with each block's batch predicate wrapped in `likely`, and the intermediates those
-    blocks write declared at least `tile_rows` long; how many blocks), for a kernel whose
-    predicates stay (no unpredicated_tail: not a GEMM-sized tile, or more than one symbolic dim).
+    blocks write declared at least `tile_rows` long; how many blocks). Runs after
+    unpredicated_tail: on its kernels only the output blocks' predicates are left (outputs are
+    parameters, never widened); every other row-tiled kernel keeps all of its predicates (a tile
+    that is not a GEMM's, or more than one symbolic dim).
 
     Why: TVM sizes a tile-local buffer by the region the tile's blocks access, narrowed by their
     predicates; with `row < N` in them it could not bound that region and kept the whole

@@ -19,14 +19,13 @@ from tvm import s_tir
 
 from . import tir_walk
 
-_COMM_REDUCE = 2
 _sblock_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
 
 
 def _outermost_reduction_loop(sch, block_rv):
     block = sch.get(block_rv)
     bindings = _sblock_realize(sch, block_rv).iter_values
-    reduce_bindings = [b for iv, b in zip(block.iter_vars, bindings) if int(iv.iter_type) == _COMM_REDUCE]
+    reduce_bindings = [b for iv, b in zip(block.iter_vars, bindings) if int(iv.iter_type) == tir_walk.COMM_REDUCE]
     return next((lp for lp in sch.get_loops(block_rv)
                  if any(tir_walk.uses_var(b, sch.get(lp).loop_var) for b in reduce_bindings)), None)
 

@@ -30,6 +30,8 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from . import tir_walk
+
 _START = {tirx.Min: np.inf, tirx.Max: -np.inf}
 
 
@@ -58,7 +60,7 @@ def _accumulators(func) -> dict:
 
 def _never_empty(block) -> bool:
     """Whether every reduction axis of `block` has a static, non-zero extent."""
-    reduce_axes = [iv for iv in block.iter_vars if int(iv.iter_type) == 2]  # COMM_REDUCE
+    reduce_axes = [iv for iv in block.iter_vars if int(iv.iter_type) == tir_walk.COMM_REDUCE]
     return bool(reduce_axes) and all(isinstance(iv.dom.extent, tirx.IntImm) and iv.dom.extent.value > 0
                                      for iv in reduce_axes)
 

@@ -64,7 +64,7 @@ RAGGED_TILE_SLACK = 2  # a GEMM group's main kernel takes batches from its tile'
 
 DEFAULT_MAX_DUPLICATION = 1  # see inline_cheap_producers; measured on the tree chains below
 
-DATA_PAR, COMM_REDUCE = 0, 2
+DATA_PAR, COMM_REDUCE = 0, tir_walk.COMM_REDUCE
 
 
 @dataclass

@@ -15,9 +15,9 @@ lstm_cell and gru_cell 1-3% faster at 64 and 1,000.
 Only "local" buffers (the accumulators, which LLVM promotes to registers whole). Small "global"
 ones (the copy a per-tile epilogue reads) were faster on the stack too (transformer_mlp 1.30x at
 64), but they stay in memory there, and TVM asks no more than 16-byte alignment of an `alloca` of
-scalars (x_var_lanes, the per-tile copies): their
-zmm stores and loads may straddle cache lines, as unaligned spills did (stack_realign.py), and
-spill_guard counted them as spills (the GRU cell's kernel: 234 "spills" -> 1,087).
+scalars (x_var_lanes, the per-tile copies): their zmm stores and loads may straddle cache lines,
+as unaligned spills did (stack_realign.py), and spill_guard counted them as spills (the GRU
+cell's kernel: 234 "spills" -> 1,087).
 
 Only buffers of at most STACK_BYTES (the widest register tile) are marked, and at most
 STACK_BUDGET bytes of them per function: a row tile's intermediates ([rows, 256] floats and
@@ -29,30 +29,26 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import tirx
 
+from .index_math import static_length
+
 STACK_BYTES = 2048  # the widest register tile: 32 zmm registers' worth
 STACK_BUDGET = 64 * 1024  # bytes per function that this pass may put on the stack
 DISABLE_LOWER_BUILTIN = "disable_lower_builtin"  # TVM's annotation that keeps an allocation as it is
 
 
-def _constant_bytes(buffer) -> int | None:
-    elements = 1
-    for extent in buffer.shape:
-        if not isinstance(extent, tirx.IntImm):
-            return None
-        elements *= int(extent.value)
-    return elements * buffer.dtype.itemsize
-
-
 def stack_buffers(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """`func` with its small constant-size buffers kept on the stack, up to STACK_BUDGET."""
+    """`func` with its small constant-size "local" buffers kept on the stack, up to STACK_BUDGET."""
     left = [STACK_BUDGET]
 
     def on_the_stack(alloc):
         buffer = alloc.buffer
         if buffer.scope() != "local" or DISABLE_LOWER_BUILTIN in alloc.annotations:
             return alloc
-        size = _constant_bytes(buffer)
-        if size is None or size > STACK_BYTES or size > left[0]:
+        elements = static_length(buffer.shape)
+        if elements is None:
+            return alloc
+        size = elements * buffer.dtype.itemsize
+        if size > min(STACK_BYTES, left[0]):
             return alloc
         left[0] -= size
         annotations = dict(alloc.annotations)

@@ -27,9 +27,7 @@ from .ieee_order import FoldZeroReinterprets
 from .stack_buffers import StackBuffers
 
 PIPELINE = "onnxfuse"
-
-
-_LIKELY = tvm.ir.Op.get("prim.likely")
+_LIKELY = tvm.ir.Op.get("prim.likely")  # how clamped_tail.tile_sized_buffers writes a batch bound
 
 
 def bound_below(condition, var):
