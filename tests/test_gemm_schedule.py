@@ -413,3 +413,38 @@ def test_one_vector_of_columns_takes_eight_rows():
     assert gemm_shapes.register_tile(GEMM_TILE_ROWS, 1, AVX2) == (8, 1)
     assert gemm_shapes.register_tile(GEMM_TILE_ROWS, 2, AVX512) == (4, 2)
     assert gemm_shapes.register_tile(1, 1, AVX512) == (1, 1)
+
+
+def _attention_context(heads: int = 2, depth: int = 16) -> onnx.ModelProto:
+    """Attention's probabilities @ V, heads merged back (BERT's TorchScript export): a product
+    over K = seq, which is symbolic."""
+    graph = h.make_graph(
+        [h.make_node("MatMul", ["probs", "v"], ["context"]),
+         h.make_node("Transpose", ["context"], ["y"], perm=[0, 2, 1, 3])], "attention",
+        [h.make_tensor_value_info("probs", TP.FLOAT, ["batch", heads, "seq", "seq"]),
+         h.make_tensor_value_info("v", TP.FLOAT, ["batch", heads, "seq", depth])],
+        [h.make_tensor_value_info("y", TP.FLOAT, ["batch", "seq", heads, depth])])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_a_product_over_a_symbolic_k_gets_a_register_tile():
+    """K = seq unknown until run time: the register tile's k loop runs to it (BERT's context
+    product had none and ran as one accumulator per output)."""
+    stats = _schedule_stats(_attention_context())
+    assert stats.register_tiles == 1
+    assert not stats.skipped_steps
+
+
+def test_a_product_over_a_symbolic_k_is_onnxruntimes_bits(tmp_path):
+    source = tmp_path / "attention.onnx"
+    onnx.save(_attention_context(), str(source))
+    result = optimize(source, tmp_path / "attention.fused.onnx", cache_dir=False, jobs=1, select="all")
+    assert result.report["groups_compiled"] == 1
+    for batch, seq in [(1, 1), (2, 7), (3, 16), (1, 33), (4, 128)]:
+        rng = np.random.default_rng(batch * 1000 + seq)
+        probs = rng.random((batch, 2, seq, seq)).astype(np.float32)
+        feeds = {"probs": probs / probs.sum(-1, keepdims=True),
+                 "v": rng.standard_normal((batch, 2, seq, 16)).astype(np.float32)}
+        (expected,), (actual,) = run_both(source, result.model_path, feeds)
+        assert actual.shape == expected.shape == (batch, seq, 2, 16)
+        assert actual.tobytes() == expected.tobytes(), (batch, seq)

@@ -789,7 +789,9 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile
 
     The accumulator must be a small static local buffer: accumulating straight into the
     (workspace) output makes LLVM load and store it around every FMA, since it cannot prove
-    that the output does not alias A or B. Returns False (schedule unchanged) if not applicable."""
+    that the output does not alias A or B. K may be symbolic (attention's probabilities @ V sum
+    over the sequence): the k loop is a plain loop either way, and each output's multiply-adds
+    still run in k order. Returns False (schedule unchanged) if not applicable."""
     block = sch.get(block_rv)
     name = block.name_hint
     loops = _own_loops(sch, block_rv)
@@ -799,7 +801,7 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile
     spatial, k_loop = loops[:-1], loops[-1]
     lanes = _lanes(_block_dtype(block), registers)
     cols = _static(sch.get(spatial[-1]).extent)
-    if cols is None or cols % lanes != 0 or _static(sch.get(k_loop).extent) is None:
+    if cols is None or cols % lanes != 0:
         return False
     row_extent = _static(sch.get(spatial[-2]).extent)
     rows, vectors = gemm_shapes.register_tile(row_extent, cols // lanes, registers)
