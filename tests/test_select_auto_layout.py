@@ -171,3 +171,48 @@ def test_a_product_over_more_than_256_ks_and_its_activation_stay_with_onnxruntim
         assert all("more than 256 k's" in reasons[op] for op in ("Gemm" if gemm else "MatMul", "Add", "Relu"))
     plan, reasons = plan_of(save(tmp_path, _dense(256, 64), "k256.onnx"))
     assert len(plan.groups) == 1 and not reasons
+
+
+def pooled_layer_norm(shape):
+    """A LayerNormalization's moments written as tf2onnx writes Keras': the mean and the variance
+    of each row by GlobalAveragePool, the normalization elementwise between and after them."""
+    scalar = {"eps": np.array(1e-3, np.float32)}
+    return model([node("GlobalAveragePool", ["X"], "mean"), node("Sub", ["X", "mean"], "d"),
+                  node("Mul", ["d", "d"], "sq"), node("GlobalAveragePool", ["sq"], "var"),
+                  node("Add", ["var", "eps"], "ve"), node("Sqrt", ["ve"], "sd"),
+                  node("Reciprocal", ["sd"], "inv"), node("Mul", ["d", "inv"], "Y")],
+                 {"X": shape}, {"Y": shape}, scalar)
+
+
+def test_a_row_mean_pool_and_the_ops_between_stay_ours_and_an_image_pool_does_not(tmp_path):
+    """Over [N, 16, 32] each pool is a mean of a row's 32 values, and nothing is a convolution,
+    so nothing stays with onnxruntime; over an image [N, 16, 8, 8] both pools are its and the
+    normalization between them is what it runs in its blocked layout."""
+    rows, rows_reasons = plan_of(save(tmp_path, pooled_layer_norm(["N", 16, 32]), "rows.onnx"))
+    assert not [why for why in rows_reasons.values() if why.startswith("auto:")]
+    assert sum(op == "GlobalAveragePool" for g in rows.groups for op in g.op_types) >= 1
+    assert all(auto_rejects(g, load_model(tmp_path / "rows.onnx")) is None for g in rows.groups)
+    images, image_reasons = plan_of(save(tmp_path, pooled_layer_norm(["N", 16, 8, 8]), "images.onnx"))
+    assert "onnxruntime's GlobalAveragePool" in image_reasons["GlobalAveragePool"]
+    assert "between convolutions" in image_reasons["Sub"]
+
+
+def test_a_row_mean_layer_norm_under_auto_is_onnxruntimes_bits(tmp_path, cache):
+    source = save(tmp_path, pooled_layer_norm(["N", 16, 32]))
+    result = onnxfuse.optimize(source, tmp_path / "out" / "m.fused.onnx", cache_dir=cache, jobs=1)
+    assert result.report["groups_compiled"] >= 1
+    for batch in (1, 5, 64):
+        feeds = {"X": np.random.default_rng(batch).standard_normal((batch, 16, 32)).astype(np.float32)}
+        (expected,), (actual,) = run_both(source, result.model_path, feeds)
+        assert actual.tobytes() == expected.tobytes(), batch
+
+
+def test_the_keras_encoders_layer_norms_are_ours_under_auto(tmp_path):
+    """tf2onnx's export of a Keras encoder block: its two LayerNormalizations' pools and the
+    normalization around them fuse (auto left them all to onnxruntime as 'between convolutions')."""
+    from conftest import MODELS
+
+    plan = plan_fusion(load_model(MODELS / "exported" / "keras_encoder.onnx"), leave_out=leave_to_onnxruntime)
+    pooled = [g for g in plan.groups if "GlobalAveragePool" in g.op_types]
+    assert len(pooled) == 2
+    assert not [u for u in plan.unfused if "between convolutions" in u.reason]
