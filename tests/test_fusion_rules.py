@@ -495,3 +495,26 @@ def test_gemms_enclosed_by_a_layernorm_stay_apart_from_it():
     )
     assert groups(m, gemm_chains=False) == [{"m1", "r"}, {"m2", "y"}]
     assert groups(m) == [{"m1", "r", "m2", "y"}]
+
+
+def _pooled_layer_norm(shape):
+    """tf2onnx's Keras LayerNormalization: mean and variance by GlobalAveragePool."""
+    return model([node("GlobalAveragePool", ["x"], "mean"), node("Sub", ["x", "mean"], "d"),
+                  node("Mul", ["d", "d"], "sq"), node("GlobalAveragePool", ["sq"], "var"),
+                  node("Add", ["var", "eps"], "ve"), node("Sqrt", ["ve"], "sd"),
+                  node("Reciprocal", ["sd"], "inv"), node("Mul", ["d", "inv"], "y")],
+                 {"x": shape}, {"y": shape}, {"eps": np.array(1e-3, np.float32)})
+
+
+def test_a_layer_norm_by_row_mean_pools_is_one_group():
+    """Over [N, C, L] a GlobalAveragePool is ReduceMean over L, a reduction within rows: the
+    pools, the centring and the scaling are one group, as an exporter's ReduceMean form is."""
+    assert groups(_pooled_layer_norm(["N", 16, 32])) == [{"mean", "d", "sq", "var", "ve", "sd", "inv", "y"}]
+
+
+def test_image_pools_stay_anchors_of_their_own():
+    """Over [N, C, H, W] the pools stay image pools: each takes only elementwise consumers, so
+    the layer norm does not come together."""
+    parts = groups(_pooled_layer_norm(["N", 16, 8, 8]))
+    assert {"mean", "d", "sq", "var", "ve", "sd", "inv", "y"} not in parts
+    assert not any({"mean", "var"} <= part for part in parts)

@@ -87,7 +87,22 @@ def classify(node: Node, graph: Graph) -> tuple[OpKind, str | None]:
         if node.op_type in SHAPE_FROM_OUTPUT and (out.is_static or rebuildable(graph, node.op_type, out.shape)):
             continue
         return OpKind.OPAQUE, f"input {position} of {node.op_type} is computed at run time"
+    if is_row_mean_pool(node, graph):
+        return OpKind.COMM_REDUCE, None
     return info.kind, None
+
+
+def is_row_mean_pool(node: Node, graph: Graph) -> bool:
+    """A GlobalAveragePool over a 3-D input [N, C, L]: the mean of each row of L values, kept as
+    [N, C, 1], which is ReduceMean over the last axis. tf2onnx writes a Keras LayerNormalization's
+    moments so (the mean, then the variance of the centred values). Planned as the row reduction
+    it is, it fuses with the normalization around it like an exporter's ReduceMean does; as an
+    image pool (anchor of its own, elementwise consumers only) the layer norm split in four
+    groups around it."""
+    if node.op_type != "GlobalAveragePool" or node.domain not in ("", "ai.onnx") or not node.inputs:
+        return False
+    shape = graph.value(node.inputs[0]).shape
+    return shape is not None and len(shape) == 3
 
 
 def reduces_within_rows(node: Node, graph: Graph) -> bool:
@@ -97,6 +112,8 @@ def reduces_within_rows(node: Node, graph: Graph) -> bool:
     if data is None or data.shape is None or len(data.shape) < 2:
         return False
     rank = len(data.shape)
+    if node.op_type == "GlobalAveragePool":
+        return True  # it reduces the spatial axes, after N and C
     if node.op_type in ("ArgMax", "ArgMin"):
         axes = [node.attributes.get("axis", 0)]
     elif "axes" in node.attributes:

@@ -69,6 +69,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..codegen import gemm_shapes
+from ..fusion.forward_graph import is_row_mean_pool
 from ..fusion.onnxruntime_fused_ops import MLAS_K_BLOCK
 from ..fusion.plan import FusedGroup
 from ..ir import Graph, Node
@@ -164,20 +165,15 @@ MAX_CONV_OUTPUT_CHANNELS = 32
 
 
 def row_means(graph: Graph) -> set[int]:
-    """GlobalAveragePool nodes over a 3-D input [N, C, L]: one mean per row of L values, the way
-    tf2onnx writes a Keras LayerNormalization's moments (the mean, then the variance, over the
-    last axis). onnxruntime runs those in plain NCHW, with no blocked layout to keep, and our
-    kernel (codegen/row_sums) takes them with the normalization around them: keras_encoder,
-    `--select all` against `auto` leaving both pools and the ops between them to onnxruntime,
-    paired rounds: 1.59x / 1.76x / 1.66x onnxruntime at batch 1 / 64 / 1,000 against 1.38x /
-    1.44x / 1.39x, the same bits. Pools over images (4-D and up) stay with onnxruntime."""
-    means = set()
-    for node in graph.nodes:
-        if node.op_type == "GlobalAveragePool" and node.domain in ("", "ai.onnx") and node.inputs:
-            shape = graph.value(node.inputs[0]).shape
-            if shape is not None and len(shape) == 3:
-                means.add(node.index)
-    return means
+    """The GlobalAveragePool nodes that are row means (forward_graph.is_row_mean_pool: over a 3-D
+    input, as tf2onnx writes a Keras LayerNormalization's moments). onnxruntime runs those in
+    plain NCHW, with no blocked layout to keep, and our kernel (codegen/row_sums, onnxruntime's
+    order) takes them with the normalization around them. keras_encoder, paired rounds, ratio
+    over onnxruntime at batch 1 / 64 / 1,000: 1.39x / 1.44x / 1.39x with both pools and the ops
+    between them left to onnxruntime, 1.59x / 1.76x / 1.65x with them in kernels, 1.70x / 1.81x /
+    1.73x with each layer norm one kernel (the pools planned as row reductions); the same bits.
+    Pools over images (4-D and up) stay with onnxruntime."""
+    return {node.index for node in graph.nodes if is_row_mean_pool(node, graph)}
 
 
 def competitive_convolutions(graph: Graph) -> set[int]:
