@@ -41,30 +41,15 @@ def _conjuncts(predicate) -> list:
     return [predicate]
 
 
-def _vars_in(expr) -> set:
-    found = set()
-    tvm_ffi.structural_map(expr, [(tirx.Var, lambda v: found.add(v) or v)], order="post")
-    return found
-
-
 def _param_buffers(func) -> list:
     return [param for param in func.params if is_buffer_var(param)]
-
-
-def _shape_vars(func) -> set:
-    """The symbolic dimensions of the kernel's parameters (N of an [N, 64] input)."""
-    found = set()
-    for buffer in _param_buffers(func):
-        for extent in buffer.shape:
-            found |= _vars_in(extent)
-    return found
 
 
 def _is_batch_bound(condition, row_tile, shape_vars: set) -> bool:
     """`row < N`: the row tile's rows bounded by a symbolic dimension (not, say, a vector loop's
     `k < seq` inside the tile, whose reads past seq would be real reads of other rows)."""
     return isinstance(condition, tirx.LT) and tir_walk.uses_var(condition.a, row_tile) \
-        and bool(_vars_in(condition.b) & shape_vars) and not (_vars_in(condition.a) & shape_vars)
+        and bool(tir_walk.vars_in(condition.b) & shape_vars) and not (tir_walk.vars_in(condition.a) & shape_vars)
 
 
 def _clamped_loads(body, clamp: set):
@@ -132,7 +117,7 @@ def tile_sized_buffers(func: tirx.PrimFunc, row_tile, tile_rows: int) -> tuple[t
     own buffers gave 4.7 ms). TVM reads no bound out of `likely(row < N)`, which still guards
     the rows, so the region is the tile's, clipped to the buffer, and the buffer at least a tile
     long keeps that clip at the tile."""
-    shape_vars = _shape_vars(func)
+    shape_vars = tir_walk.shape_vars(func)
     if not shape_vars:
         return func, 0
     params = set(_param_buffers(func))
@@ -164,7 +149,7 @@ def unpredicated_tail(func: tirx.PrimFunc, row_tile, tile_rows: int) -> tuple[ti
     output's rows past the batch are never written, and an index read from them could be
     anything."""
     params = set(_param_buffers(func))
-    shape_vars = _shape_vars(func)
+    shape_vars = tir_walk.shape_vars(func)
     if len(shape_vars) != 1:  # see the module doc: kernels over batch and seq keep their predicates
         return func, 0
     realizes = _realizes(func)

@@ -429,14 +429,21 @@ def compute_under_tile(sch, stats: ScheduleStats, anchors, tile_loop) -> None:
     that are not producers of the anchor under it too (reverse_compute_at).
 
     An output that also feeds the anchor (an LSTM cell's C_out feeds H_out through tanh) is
-    computed at the tile like any producer: its own producers can only follow it there."""
+    computed at the tile like any producer: its own producers can only follow it there.
+
+    A producer stays at the root when a tile would need a batch-sized region of it
+    (_region_grows_with_batch): then every tile recomputed the producer over the whole batch."""
     moved = set(anchors)
+    batch_symbols = tir_walk.vars_in(sch.get(tile_loop).extent)
     for block_rv in reversed(_blocks(sch)):
         name = sch.get(block_rv).name_hint
         if name in moved or _kept_at_root(sch.get(block_rv)):
             continue
         # A blocked product's ragged block goes first, so that its register tiles can add it (gemm_blocks).
         index = -2 if gemm_blocks.is_tail_sum(sch.get(block_rv)) else -1
+        if batch_symbols and _region_grows_with_batch(sch, block_rv, tile_loop, index, batch_symbols):
+            stats.skipped_steps.append(f"compute_at {name}: a tile would need it over the whole batch")
+            continue
         if _try(stats, f"compute_at {name}",
                 lambda: sch.compute_at(block_rv, tile_loop, preserve_unit_loops=True, index=index)):
             stats.computed_at += 1
@@ -448,6 +455,31 @@ def compute_under_tile(sch, stats: ScheduleStats, anchors, tile_loop) -> None:
             if _try(stats, f"reverse_compute_at {name}",
                     lambda: sch.reverse_compute_at(block_rv, tile_loop, preserve_unit_loops=True)):
                 stats.computed_at += 1
+
+
+def _region_grows_with_batch(sch, block_rv, tile_loop, index: int, batch_symbols: set) -> bool:
+    """Whether the block, computed under the row tile, would loop over an extent that depends on
+    the batch: the rows a tile reads of it are spread over the whole batch. PyTorch's dynamo
+    export of MultiheadAttention writes its context as `probs @ V` over [N, heads, seq, d], then
+    Transpose to [seq, N, heads, d] and Reshape to [seq * N, heads * d]: a tile of 8 output rows
+    (seq-major) needs the product's rows of nearly every batch, and compute_at made each tile
+    loop over `2 N - 1` of them, quadratic in the batch (the SSE level also failed to build)."""
+    below = _loops_below_after(sch, block_rv, tile_loop,
+                               lambda trial: trial.compute_at(block_rv, tile_loop, preserve_unit_loops=True, index=index))
+    return any(tir_walk.uses_var(loop.extent, symbol) for loop in below or () for symbol in batch_symbols)
+
+
+def _loops_below_after(sch, block_rv, loop_rv, move) -> list | None:
+    """The block's loops under `loop_rv` once `move(schedule)` has moved it there, tried on a
+    copy of the schedule so that `sch` is untouched (None: the move was refused)."""
+    trial = sch.copy()
+    try:
+        move(trial)
+    except Exception:  # noqa: BLE001 - refused: the caller's own attempt reports why
+        return None
+    loops = [trial.get(loop) for loop in trial.get_loops(block_rv)]
+    anchor = trial.get(loop_rv)
+    return loops[next(i for i, loop in enumerate(loops) if loop.same_as(anchor)) + 1:]
 
 
 # ---------------------------------------------------------------- loop nests
@@ -971,13 +1003,32 @@ def epilogue_per_register_tile(sch, stats: ScheduleStats, writeback, tile_loop, 
         reader = next((c for c in _blocks(sch)  # in program order: a reader after what it reads
                        if sch.get(c).name_hint in consumers and _reads_tile_results_only(sch, c, results)
                        and (any_op or not _computes_polynomial(sch.get(c)))), None)
-        if reader is None or not _try(stats, f"epilogue per register tile {sch.get(reader).name_hint}",
-                                      lambda: sch.reverse_compute_at(reader, tile_loop, preserve_unit_loops=True)):
+        if reader is None or not _covers_one_tile(sch, stats, reader, tile_loop):
+            return
+        if not _try(stats, f"epilogue per register tile {sch.get(reader).name_hint}",
+                    lambda: sch.reverse_compute_at(reader, tile_loop, preserve_unit_loops=True)):
             return
         stats.epilogues_per_tile += 1
         if not chain:
             return
         moved.append(reader)
+
+
+def _covers_one_tile(sch, stats: ScheduleStats, reader_rv, tile_loop) -> bool:
+    """Whether the reader, moved under the register tile, loops over extents free of the
+    kernel's symbolic dims: about the tile's rows and columns. A reader whose index divides the
+    row by the batch (the Reshape of a [seq, N, ...] Transpose to [seq * N, ...]) was given the
+    bounding range of rows it reads, spread over N, under a predicate that let it read rows no
+    tile had computed yet: wrong values from batch 8 on (verify caught it). A Reshape of the
+    rows by a static seq (tf2onnx's [N * 16, 64] -> [N, 16, 64]) gets extents in the loop
+    variables only, and stays per tile."""
+    below = _loops_below_after(sch, reader_rv, tile_loop,
+                               lambda trial: trial.reverse_compute_at(reader_rv, tile_loop, preserve_unit_loops=True))
+    symbols = tir_walk.shape_vars(sch.mod["main"])
+    if below is None or not any(tir_walk.uses_var(loop.extent, v) for loop in below for v in symbols):
+        return True
+    stats.skipped_steps.append(f"epilogue per register tile {sch.get(reader_rv).name_hint}: not one tile's region")
+    return False
 
 
 def _other_products(sch, block) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import tvm
+import tvm_ffi
+from tvm.tirx.buffer import is_buffer_var
 
 TensorLoad = tvm.ir.TensorLoad
 _CHILD_FIELDS = ("a", "b", "value", "condition", "true_value", "false_value", "args", "indices", "base", "stride",
@@ -146,6 +148,23 @@ def uses_var(expr, var) -> bool:
             return True
         stack.extend(_children(node))
     return False
+
+
+def vars_in(expr) -> set:
+    """The variables occurring in `expr` (a symbolic extent: `N`, `s0 * 2`)."""
+    found = set()
+    tvm_ffi.structural_map(expr, [(tvm.tirx.Var, lambda v: found.add(v) or v)], order="post")
+    return found
+
+
+def shape_vars(func) -> set:
+    """The symbolic dimensions of the kernel's parameters (N of an [N, 64] input)."""
+    found = set()
+    for param in func.params:
+        if is_buffer_var(param):
+            for extent in param.shape:
+                found |= vars_in(extent)
+    return found
 
 
 def static_int(expr) -> int | None:

@@ -1,0 +1,75 @@
+"""A row tile computes the rows it writes from the rows it reads, and no more: a producer whose
+rows a tile needs are spread over the whole batch stays at the root (computed once), and a GEMM's
+epilogue moves under its register tile only when it covers that one tile.
+
+The pattern is PyTorch's dynamo export of nn.MultiheadAttention (batch_first): the context
+`probs @ V` over [N, heads, seq, d] is transposed to [seq, N, heads, d] and reshaped to
+[seq * N, heads * d], so the output's rows are seq-major and a tile of them reads one row of many
+batches. Before, each tile recomputed the product over 2N - 1 batches (quadratic), the SSE level
+failed to build, and the per-tile epilogue read rows no tile had computed yet (wrong from batch
+8 on). Compared bit for bit with onnxruntime, on every ISA level this CPU runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import run_both
+from onnx_builder import const_i64, model, node
+
+from onnxfuse import optimize
+from onnxfuse.codegen import relax_import
+from onnxfuse.codegen.register_file import AVX512
+from onnxfuse.codegen.schedule import schedule_group
+
+HEADS, SEQ, DEPTH = 4, 16, 16
+
+
+def seq_major_context():
+    """probs @ V -> Transpose(2, 0, 1, 3) -> Reshape [-1, heads * depth], as the exporter writes it."""
+    return model([node("MatMul", ["probs", "v"], "context"),
+                  node("Transpose", ["context"], "seq_first", perm=[2, 0, 1, 3]),
+                  node("Reshape", ["seq_first", "shape"], "y")],
+                 {"probs": ["N", HEADS, SEQ, SEQ], "v": ["N", HEADS, SEQ, DEPTH]}, {"y": ["rows", HEADS * DEPTH]},
+                 {"shape": const_i64(-1, HEADS * DEPTH)})
+
+
+def batch_major_context():
+    """The same product with the batch kept first: [N, seq, heads, depth] -> [N * seq, ...]."""
+    return model([node("MatMul", ["probs", "v"], "context"),
+                  node("Transpose", ["context"], "batch_first", perm=[0, 2, 1, 3]),
+                  node("Reshape", ["batch_first", "shape"], "y")],
+                 {"probs": ["N", HEADS, SEQ, SEQ], "v": ["N", HEADS, SEQ, DEPTH]}, {"y": ["rows", HEADS * DEPTH]},
+                 {"shape": const_i64(-1, HEADS * DEPTH)})
+
+
+def _stats(proto):
+    return schedule_group(relax_import.import_group(proto, "g").prim_func, registers=AVX512)[1]
+
+
+def test_a_product_read_across_the_batch_stays_at_the_root():
+    stats = _stats(seq_major_context())
+    assert any("over the whole batch" in step for step in stats.skipped_steps)
+    assert stats.register_tiles == 1
+
+
+def test_a_product_read_tile_by_tile_still_moves_under_the_tile():
+    stats = _stats(batch_major_context())
+    assert not any("over the whole batch" in step or "not one tile's region" in step for step in stats.skipped_steps)
+    assert stats.computed_at >= 1
+
+
+@pytest.mark.parametrize("build", [seq_major_context, batch_major_context])
+def test_the_context_is_onnxruntimes_bits_past_several_tiles(build, tmp_path):
+    source = tmp_path / "context.onnx"
+    onnx.save(build(), str(source))
+    result = optimize(source, tmp_path / "context.fused.onnx", cache_dir=False, jobs=1, select="all")
+    assert result.report["groups_compiled"] == 1  # every ISA level built
+    for batch in (1, 2, 7, 8, 9, 17, 64):
+        rng = np.random.default_rng(batch)
+        probs = rng.random((batch, HEADS, SEQ, SEQ)).astype(np.float32)
+        feeds = {"probs": probs / probs.sum(-1, keepdims=True),
+                 "v": rng.standard_normal((batch, HEADS, SEQ, DEPTH)).astype(np.float32)}
+        (expected,), (actual,) = run_both(source, result.model_path, feeds)
+        assert actual.shape == expected.shape == (batch * SEQ, HEADS * DEPTH)
+        assert actual.tobytes() == expected.tobytes(), batch
