@@ -20,7 +20,7 @@ ENTRIES = MANIFEST["models"]
 OK = sorted(k for k, v in ENTRIES.items() if v["status"] == "ok")
 FAILED = sorted(k for k, v in ENTRIES.items() if v["status"] != "ok")
 MAX_FILE_BYTES = 4 * 1024 * 1024  # bert_tiny_24l_ts, the view tests' 800+-node plan, is 3.7 MiB
-MAX_TOTAL_BYTES = 40 * 1024 * 1024
+MAX_TOTAL_BYTES = 42 * 1024 * 1024  # 40.2 MiB with the transformer layers (2026-11-28)
 
 
 def _matches(declared, actual, feeds_dims):

@@ -233,6 +233,20 @@ class MlpMnist(nn.Module):
         return self.layers(x)
 
 
+class TransformerLayer(nn.Module):
+    """nn.TransformerEncoderLayer(64, 4 heads, 128, batch_first): attention by
+    nn.MultiheadAttention, post-norm, ReLU FFN. PyTorch's fused fast path (one aten op the
+    TorchScript exporter cannot write) is turned off, as it is for any export of the layer."""
+
+    def __init__(self):
+        super().__init__()
+        torch.backends.mha.set_fastpath_enabled(False)
+        self.layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+
+    def forward(self, x):
+        return self.layer(x)
+
+
 class BranchyCell(nn.Module):
     """Data-dependent branch: if the input's mean is positive an LSTMCell step, else a 2-layer
     MLP gating c. Both branches return new (h, c) of shape [B, 128] (torch.cond forbids a
@@ -362,6 +376,12 @@ def _specs():
         rng, "mlp_mnist", MlpMnist, "logits",
         "MNIST MLP on [B, 1, 28, 28]: flatten, Linear(784, 320)-ReLU, Linear(320, 64)-ReLU, "
         "Linear(64, 10)", image=(1, 28, 28)))
+    specs.append(dict(
+        stem="transformer_layer", make=TransformerLayer,
+        computes="nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0, "
+                 "batch_first=True) on x [B, S, 64]: multi-head self-attention (nn.MultiheadAttention), "
+                 "residual + LayerNorm, Linear-ReLU-Linear, residual + LayerNorm",
+        feeds={"x": _randn(rng, nb, 16, 64)}, outputs=["y"], batch_axes={"x": (1, 0)}))  # [B, S]: seq is axis 1
     return specs
 
 
