@@ -25,22 +25,23 @@ from onnxfuse.codegen.schedule import schedule_group
 HEADS, SEQ, DEPTH = 4, 16, 16
 
 
-def seq_major_context():
-    """probs @ V -> Transpose(2, 0, 1, 3) -> Reshape [-1, heads * depth], as the exporter writes it."""
+def context(perm):
+    """probs @ V -> Transpose(perm) -> Reshape [-1, heads * depth]."""
     return model([node("MatMul", ["probs", "v"], "context"),
-                  node("Transpose", ["context"], "seq_first", perm=[2, 0, 1, 3]),
-                  node("Reshape", ["seq_first", "shape"], "y")],
+                  node("Transpose", ["context"], "moved", perm=perm),
+                  node("Reshape", ["moved", "shape"], "y")],
                  {"probs": ["N", HEADS, SEQ, SEQ], "v": ["N", HEADS, SEQ, DEPTH]}, {"y": ["rows", HEADS * DEPTH]},
                  {"shape": const_i64(-1, HEADS * DEPTH)})
+
+
+def seq_major_context():
+    """As the exporter writes it: [seq, N, heads, depth] -> [seq * N, heads * depth]."""
+    return context([2, 0, 1, 3])
 
 
 def batch_major_context():
     """The same product with the batch kept first: [N, seq, heads, depth] -> [N * seq, ...]."""
-    return model([node("MatMul", ["probs", "v"], "context"),
-                  node("Transpose", ["context"], "batch_first", perm=[0, 2, 1, 3]),
-                  node("Reshape", ["batch_first", "shape"], "y")],
-                 {"probs": ["N", HEADS, SEQ, SEQ], "v": ["N", HEADS, SEQ, DEPTH]}, {"y": ["rows", HEADS * DEPTH]},
-                 {"shape": const_i64(-1, HEADS * DEPTH)})
+    return context([0, 2, 1, 3])
 
 
 def _stats(proto):
