@@ -261,8 +261,8 @@ def _write_private(path: Path, data: bytes) -> None:
 
 def _dims_to_json(shape) -> list:
     """Dims as JSON: ints and symbol names as themselves, derived dims as objects."""
-    return [{"symbol": d.symbol, "multiplier": d.multiplier, "divisor": d.divisor} if isinstance(d, DerivedDim) else d
-            for d in shape]
+    return [{"symbol": d.symbol, "multiplier": d.multiplier, "divisor": d.divisor, "times": d.times}
+            if isinstance(d, DerivedDim) else d for d in shape]
 
 
 def _dims_from_json(dims: list) -> tuple:

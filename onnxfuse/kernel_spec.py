@@ -33,25 +33,34 @@ ONNX_DTYPE_CODES = {
 
 @dataclass(frozen=True)
 class DerivedDim:
-    """An output dimension computed from a symbol: symbol * multiplier // divisor.
+    """An output dimension computed from a symbol: symbol [* times] * multiplier // divisor.
 
-    Chains that flatten `[N, 100]` to `[N*100]` give such outputs (multiplier 100), and chains
-    that fold a flat input `[M]` back give `M // 100` (divisor 100). Inputs never carry one:
-    their dims bind the symbols."""
+    Chains that flatten `[N, 100]` to `[N*100]` give such outputs (multiplier 100), chains that
+    fold a flat input `[M]` back give `M // 100` (divisor 100), and flattening two symbolic dims
+    (`[seq, batch, 64]` to `[seq*batch, 64]`) names a second symbol, `times`. Inputs never carry
+    one: their dims bind the symbols."""
 
     symbol: str
     multiplier: int = 1
     divisor: int = 1
+    times: str | None = None
 
     def __post_init__(self) -> None:
         if self.multiplier < 1 or self.divisor < 1:
             raise ValueError(f"derived dim {self}: multiplier and divisor must be >= 1")
+        if self.times is not None and self.divisor != 1:
+            raise ValueError(f"derived dim {self}: a product of two symbols takes no divisor")
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        return (self.symbol,) if self.times is None else (self.symbol, self.times)
 
     def value(self, bindings: dict[str, int]) -> int:
-        return bindings[self.symbol] * self.multiplier // self.divisor
+        product = bindings[self.symbol] * (bindings[self.times] if self.times is not None else 1)
+        return product * self.multiplier // self.divisor
 
     def __str__(self) -> str:
-        return self.symbol + (f"*{self.multiplier}" if self.multiplier != 1 else "") + (
+        return "*".join(self.symbols) + (f"*{self.multiplier}" if self.multiplier != 1 else "") + (
             f"//{self.divisor}" if self.divisor != 1 else "")
 
 
@@ -76,7 +85,8 @@ class TensorSpec:
     @property
     def symbols(self) -> tuple[str, ...]:
         """The symbols this tensor's dims name, derived dims' included."""
-        return tuple(d.symbol if isinstance(d, DerivedDim) else d for d in self.shape if not isinstance(d, int))
+        return tuple(s for d in self.shape if not isinstance(d, int)
+                     for s in (d.symbols if isinstance(d, DerivedDim) else (d,)))
 
     @property
     def has_derived_dims(self) -> bool:

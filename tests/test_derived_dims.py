@@ -1,4 +1,4 @@
-"""Output dims computed from an input dim (N*100, M//4): groups that flatten or fold a batch."""
+"""Output dims computed from input dims (N*100, M//4, N*S): groups that flatten or fold a batch."""
 
 from __future__ import annotations
 
@@ -24,8 +24,13 @@ def test_shape_expressions_become_derived_dims():
     assert _dim(tvm.tirx.floordiv(n * c(6), c(4))) == DerivedDim("N", 6, 4)
     with pytest.raises(CompileError, match="expression"):
         _dim(n + c(1))
+    s = tvm.tirx.Var("S", "int64")
+    assert _dim(s * n) == DerivedDim("S", times="N")
+    assert _dim(s * c(4) * n) == DerivedDim("S", 4, times="N")
     with pytest.raises(CompileError, match="expression"):
-        _dim(n * n)
+        _dim(tvm.tirx.floordiv(s * n, c(2)))
+    with pytest.raises(CompileError, match="expression"):
+        _dim(s * n * n)
 
 
 def test_derived_dims_compute_their_value_and_survive_the_cache():
@@ -34,6 +39,10 @@ def test_derived_dims_compute_their_value_and_survive_the_cache():
     assert spec.symbols == ("N", "N")
     assert _dims_from_json(_dims_to_json(spec.shape)) == spec.shape
     assert str(DerivedDim("N", 100)) == "N*100" and str(DerivedDim("M", 1, 4)) == "M//4"
+    product = TensorSpec("float32", (DerivedDim("S", 2, times="N"), 3))
+    assert product.concrete({"S": 5, "N": 7}) == (70, 3)
+    assert product.symbols == ("S", "N") and str(product.shape[0]) == "S*N*2"
+    assert _dims_from_json(_dims_to_json(product.shape)) == product.shape
 
 
 def test_only_outputs_may_derive_a_dim():
@@ -53,9 +62,17 @@ def _fold_model():
                  {"f": ("M",)}, {"y": ("R", 4)}, {"fold_shape": const_i64(-1, 4)})
 
 
+def _flatten_two_symbols_model():
+    """x[S, N, 4] → Reshape [-1, 4] → Relu → y[S*N, 4]: a product of two symbolic dims (PyTorch's
+    nn.MultiheadAttention flattens its [seq, batch, 64] context this way before out_proj)."""
+    return model([node("Reshape", ["x", "rows_shape"], "rows"), node("Relu", ["rows"], "y")],
+                 {"x": ("S", "N", 4)}, {"y": ("R", 4)}, {"rows_shape": const_i64(-1, 4)})
+
+
 @pytest.mark.parametrize("build, feed_name, shapes", [
     (_flatten_model, "x", [(1, 4), (3, 4), (50, 4)]),
     (_fold_model, "f", [(4,), (12,), (200,)]),
+    (_flatten_two_symbols_model, "x", [(1, 1, 4), (3, 5, 4), (16, 50, 4)]),
 ])
 def test_flattening_and_folding_groups_compile_and_match_onnxruntime(tmp_path, build, feed_name, shapes):
     import onnx

@@ -48,17 +48,27 @@ def static_length(shape) -> int | None:
 
 def derived_dim(expr) -> DerivedDim | None:
     """A shape expression as `symbol * multiplier // divisor` (a symbol alone, `s * c`, `s // c`,
-    `s * a // b`), else None."""
+    `s * a // b`) or as a product of two symbols `s * t * c`, else None."""
     tirx = tvm.tirx
     if isinstance(expr, tirx.Var):
         return DerivedDim(str(expr.name))
     if isinstance(expr, tirx.Mul):
-        var_side, const_side = (expr.a, expr.b) if isinstance(expr.b, tirx.IntImm) else (expr.b, expr.a)
-        inner = derived_dim(var_side) if isinstance(const_side, tirx.IntImm) else None
-        if inner is not None and inner.divisor == 1 and const_side.value >= 1:
-            return DerivedDim(inner.symbol, inner.multiplier * int(const_side.value))
+        if isinstance(expr.a, tirx.IntImm) or isinstance(expr.b, tirx.IntImm):
+            var_side, const_side = (expr.a, expr.b) if isinstance(expr.b, tirx.IntImm) else (expr.b, expr.a)
+            inner = derived_dim(var_side)
+            if inner is not None and inner.divisor == 1 and const_side.value >= 1:
+                return DerivedDim(inner.symbol, inner.multiplier * int(const_side.value), times=inner.times)
+            return None
+        return _product_of_two_symbols(derived_dim(expr.a), derived_dim(expr.b))
     if isinstance(expr, tirx.FloorDiv) and isinstance(expr.b, tirx.IntImm) and expr.b.value >= 1:
         inner = derived_dim(expr.a)
-        if inner is not None and inner.divisor == 1:
+        if inner is not None and inner.divisor == 1 and inner.times is None:
             return DerivedDim(inner.symbol, inner.multiplier, int(expr.b.value))
     return None
+
+
+def _product_of_two_symbols(a: DerivedDim | None, b: DerivedDim | None) -> DerivedDim | None:
+    """`a * b` when each names one symbol and neither divides (a flatten of two symbolic dims)."""
+    if a is None or b is None or a.times is not None or b.times is not None or a.divisor != 1 or b.divisor != 1:
+        return None
+    return DerivedDim(a.symbol, a.multiplier * b.multiplier, times=b.symbol)

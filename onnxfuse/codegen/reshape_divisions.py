@@ -76,7 +76,7 @@ class ReshapeRecordingDivisions(onnx_frontend.OnnxOpConverter):
 def _scaled_symbol(expr) -> tuple[str, int] | None:
     """(symbol, multiplier) for `symbol * c` (or the symbol alone), else None."""
     dim = derived_dim(expr)
-    return (dim.symbol, dim.multiplier) if dim is not None and dim.divisor == 1 else None
+    return (dim.symbol, dim.multiplier) if dim is not None and dim.divisor == 1 and dim.times is None else None
 
 
 def requirements(divisions: list) -> tuple[tuple[str, int], ...]:

@@ -8,8 +8,9 @@ calls instead of running the parallel kernel inline, or NULL), its work per row 
 choice between onnxruntime's pool and running inline) and the element type and shape of each input
 and output. A static dimension is stored as itself; a symbolic one as `-1 - k`, where k
 indexes the kernel's own list of symbol names (in order of first appearance in the inputs).
-An output with derived dims (symbol * multiplier // divisor) also gets a (multiplier, divisor)
-pair per dim, (1, 1) for plain ones; other tensors have none (NULL).
+An output with derived dims (symbol [* second symbol] * multiplier // divisor) also gets a
+(multiplier, divisor, second symbol's index or -1) triple per dim, (1, 1, -1) for plain ones;
+other tensors have none (NULL).
 
 Kernels built for several ISA levels (KernelSpec.levels) get one table per level, and the glue
 runs the best level the CPU supports, chosen once (docs/portability.md): the generated source
@@ -163,7 +164,8 @@ def kernel_table_source(kernels: Sequence[KernelSpec], levels: Sequence[TableLev
                 derived = "NULL"
                 if tensor.has_derived_dims:
                     derived = f"{prefix}_{role}{position}_derived"
-                    lines.append(f"static const int64_t {derived}[] = {{{', '.join(map(str, derived_pairs(tensor.shape)))}}};")
+                    triples = ", ".join(map(str, derived_triples(tensor.shape, symbols)))
+                    lines.append(f"static const int64_t {derived}[] = {{{triples}}};")
                 descs.append(f"{{{tensor.onnx_dtype}, {len(tensor.shape)}, {prefix}_dims + {offset}, {derived}}}"
                              if tensor.shape else f"{{{tensor.onnx_dtype}, 0, NULL, NULL}}")
                 offset += len(tensor.shape)
@@ -223,9 +225,12 @@ def encode_dim(dim, symbols: Sequence[str]) -> int:
     return int(dim)
 
 
-def derived_pairs(shape) -> list[int]:
-    """(multiplier, divisor) per dim, flattened; (1, 1) for dims that are not derived."""
-    return [v for d in shape for v in ((d.multiplier, d.divisor) if isinstance(d, DerivedDim) else (1, 1))]
+def derived_triples(shape, symbols: Sequence[str]) -> list[int]:
+    """(multiplier, divisor, index of the second symbol or -1) per dim, flattened; (1, 1, -1) for
+    dims that are not derived."""
+    return [v for d in shape for v in (
+        (d.multiplier, d.divisor, -1 if d.times is None else symbols.index(d.times)) if isinstance(d, DerivedDim)
+        else (1, 1, -1))]
 
 
 def c_string(text: str) -> str:

@@ -43,7 +43,8 @@
 /* ---- The kernel table ------------------------------------------------------------------------
  * A dimension >= 0 is static; a negative one is symbolic: -1 - k names the kernel's symbol k,
  * bound at run time from the first input dimension that carries it. An output may derive a dim
- * from its symbol: derived[2d] and derived[2d + 1] are then its multiplier and divisor. */
+ * from its symbol: derived[3d] and derived[3d + 1] are then its multiplier and divisor, and
+ * derived[3d + 2] the index of a second symbol it is multiplied by (-1: none). */
 typedef struct {
     ONNXTensorElementDataType type;
     int32_t rank;
@@ -68,15 +69,24 @@ typedef struct {
 
 #define SYMBOL_OF(dim) ((int32_t)(-1 - (dim)))
 
-/* Dim d of a tensor whose symbol has the value `symbol_value` (static dims ignore it). */
-static int64_t derived_dim(const tensor_desc *desc, int32_t d, int64_t symbol_value) {
+/* The second symbol symbolic dim d is multiplied by, or -1. */
+static int32_t second_symbol(const tensor_desc *desc, int32_t d) {
+    return desc->derived ? (int32_t)desc->derived[3 * d + 2] : -1;
+}
+
+/* Dim d of a tensor given each symbol's value (`bound`, -1 where unknown: the dim is then -1). */
+static int64_t derived_dim(const tensor_desc *desc, int32_t d, const int64_t *bound) {
     if (desc->dims[d] >= 0) return desc->dims[d];
-    if (!desc->derived) return symbol_value;
-    return symbol_value * desc->derived[2 * d] / desc->derived[2 * d + 1];
+    int64_t value = bound[SYMBOL_OF(desc->dims[d])];
+    int32_t times = second_symbol(desc, d);
+    if (value < 0 || (times >= 0 && bound[times] < 0)) return -1;
+    if (!desc->derived) return value;
+    if (times >= 0) value *= bound[times];
+    return value * desc->derived[3 * d] / desc->derived[3 * d + 1];
 }
 
 static int is_derived(const tensor_desc *desc, int32_t d) {
-    return desc->derived && (desc->derived[2 * d] != 1 || desc->derived[2 * d + 1] != 1);
+    return desc->derived && (desc->derived[3 * d] != 1 || desc->derived[3 * d + 1] != 1 || desc->derived[3 * d + 2] >= 0);
 }
 
 /* One ISA level: its kernels' entry points, and whether this CPU can run them. */
@@ -405,10 +415,11 @@ static OrtStatus *bind_inputs(const kernel_instance *instance, OrtKernelContext 
 
 static OrtStatus *bind_outputs(const kernel_desc *k, OrtKernelContext *ctx, call_frame *frame) {
     int64_t *shape = frame->shapes + total_rank(k->inputs, k->num_inputs); /* past every input's slot */
+    int64_t values[k->num_symbols > 0 ? k->num_symbols : 1];
+    for (int32_t s = 0; s < k->num_symbols; s++) values[s] = frame->bound[s].value;
     for (int32_t o = 0; o < k->num_outputs; o++) {
         const tensor_desc *desc = &k->outputs[o];
-        for (int32_t d = 0; d < desc->rank; d++)
-            shape[d] = desc->dims[d] >= 0 ? desc->dims[d] : derived_dim(desc, d, frame->bound[SYMBOL_OF(desc->dims[d])].value);
+        for (int32_t d = 0; d < desc->rank; d++) shape[d] = derived_dim(desc, d, values);
         OrtValue *value = NULL;
         void *data = NULL;
         OrtStatus *status = ORT_API_FN(ort, KernelContext_GetOutput)(ctx, (size_t)o, shape, (size_t)desc->rank, &value);
@@ -562,11 +573,14 @@ static OrtStatus *set_output_type_shape(const kernel_desc *k, OrtShapeInferConte
     char derived_names[desc->rank > 0 ? desc->rank : 1][96];
     for (int32_t d = 0; d < desc->rank; d++) {
         int32_t s = desc->dims[d] >= 0 ? -1 : SYMBOL_OF(desc->dims[d]);
-        dims[d] = s < 0 ? desc->dims[d] : bound[s] < 0 ? -1 : derived_dim(desc, d, bound[s]);
-        names[d] = s >= 0 && bound[s] < 0 ? bound_name[s] : "";
-        if (s >= 0 && bound[s] < 0 && is_derived(desc, d)) { /* "N*100": a dim of its own, not N */
-            long long multiplier = desc->derived[2 * d], divisor = desc->derived[2 * d + 1];
+        dims[d] = derived_dim(desc, d, bound);
+        names[d] = s >= 0 && dims[d] < 0 ? bound_name[s] : "";
+        if (s >= 0 && dims[d] < 0 && is_derived(desc, d)) { /* "N*100": a dim of its own, not N */
+            long long multiplier = desc->derived[3 * d], divisor = desc->derived[3 * d + 1];
+            int32_t times = second_symbol(desc, d);
             int n = snprintf(derived_names[d], sizeof derived_names[d], "%s", bound_name[s]);
+            if (times >= 0 && n >= 0 && (size_t)n < sizeof derived_names[d])
+                n += snprintf(derived_names[d] + n, sizeof derived_names[d] - (size_t)n, "*%s", bound_name[times]);
             if (multiplier != 1 && n >= 0 && (size_t)n < sizeof derived_names[d])
                 n += snprintf(derived_names[d] + n, sizeof derived_names[d] - (size_t)n, "*%lld", multiplier);
             if (divisor != 1 && n >= 0 && (size_t)n < sizeof derived_names[d])
