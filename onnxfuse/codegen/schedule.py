@@ -1236,6 +1236,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
     registers: the target's vector registers, which size the GEMM register tile and every vector
     loop (register_file)."""
     stats = ScheduleStats()
+    func = fold_rows.exact_row_indices(func)  # folded or not: a Reshape's reads at [b, s], not via // seq
     unscheduled = s_tir.Schedule(tvm.IRModule({"main": func}))
     blocks = [unscheduled.get(block_rv) for block_rv in _blocks(unscheduled)]
     registers = _for_polynomial_epilogue(blocks, registers)
