@@ -16,8 +16,9 @@ from onnxfuse.fusion.plan import plan_fusion
 SIZES = {"N": 5, "S": 7}
 
 
-def reshape_input(m):
-    (reshape,) = [n for n in m.graph.node if n.op_type == "Reshape"]
+def reshape_input(m, output=None):
+    """The constant shape of the model's Reshape (the one writing `output`, if given)."""
+    (reshape,) = [n for n in m.graph.node if n.op_type == "Reshape" and output in (None, n.output[0])]
     return initializers(m)[reshape.input[1]].tolist()
 
 
@@ -113,6 +114,44 @@ def test_one_unknown_element_becomes_minus_one():
     assert_same_outputs(m, after, {"N": 5, "M": 5})
     after, _ = apply(ResolveShapePlumbingPass(), with_shapes(reshape_by_batch_of(("N", 2))))
     assert reshape_input(after) == [0, 4]
+
+
+def head_split_model():
+    """nn.MultiheadAttention's head split as the dynamo exporter writes it: x[S, N, 64] viewed as
+    [S, N * 4, 16], with N * 4 computed as Reshape(Mul(Squeeze(Shape(x)[1:2]), 4), [-1])."""
+    return model(
+        [
+            node("Shape", ["x"], "seq", start=0, end=1),
+            node("Shape", ["x"], "batch", start=1, end=2),
+            node("Squeeze", ["batch"], "n"),
+            node("Mul", ["n", "heads"], "rows"),
+            node("Reshape", ["rows", "m1"], "rows1"),
+            node("Concat", ["seq", "rows1", "width"], "shape", axis=0),
+            node("Reshape", ["x", "shape"], "y"),
+        ],
+        {"x": ("S", "N", 64)}, ["y"],
+        {"heads": np.array(4, dtype=np.int64), "m1": const_i64(-1), "width": const_i64(16)},
+    )
+
+
+def test_a_size_times_a_number_is_the_one_element_left_to_minus_one():
+    m = head_split_model()
+    after, modified = apply(ResolveShapePlumbingPass(), with_shapes(m))
+    assert modified and reshape_input(after, "y") == [0, -1, 16]
+    assert_same_outputs(m, after, SIZES)
+
+
+def test_a_size_times_a_number_is_known_element_by_element():
+    import onnx_ir as ir
+
+    from onnxfuse.frontend.shape_values import DimOf, ScaledDim, shape_values
+
+    graph = ir.serde.deserialize_model(with_shapes(head_split_model())).graph
+    known = {value.name: content for value, content in shape_values(graph).items()}
+    (seq, scaled, width) = known["shape"].elements
+    assert isinstance(seq, DimOf) and seq.symbol == "S" and width == 16
+    assert isinstance(scaled, ScaledDim) and scaled.dim.symbol == "N" and scaled.factor == 4
+    assert known["rows1"].elements == (scaled,) and not known["rows1"].scalar
 
 
 def test_torch_jit_expand_pattern_becomes_a_constant():

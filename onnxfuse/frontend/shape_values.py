@@ -1,5 +1,5 @@
-"""What each small integer tensor of the graph holds, element by element: a number, or the
-run-time size of one axis of one tensor (`DimOf`).
+"""What each small integer tensor of the graph holds, element by element: a number, the
+run-time size of one axis of one tensor (`DimOf`), or such a size times a number (`ScaledDim`).
 
 Exporters compute shapes in the graph: `Shape(x) → Gather → Unsqueeze → Concat`. Read this way,
 `Concat(Unsqueeze(Gather(Shape(x), 0)), [-1])` is `[DimOf(x, 0), -1]`, which a Reshape of `x`
@@ -34,7 +34,22 @@ class DimOf:
         return bool(self.symbol) and isinstance(dim, ir.SymbolicDim) and dim.value == self.symbol
 
 
-Element = int | DimOf
+@dataclass(frozen=True)
+class ScaledDim:
+    """`factor` (>= 2) times a run-time size: PyTorch's nn.MultiheadAttention computes its
+    `batch * heads` rows as `Mul(Gather(Shape(x), 0), 4)`. Never negative, so never a Reshape's
+    -1, and surely the size of no axis here (`is_dim`): Reshape's rule 2 may infer it as -1."""
+
+    dim: DimOf
+    factor: int
+
+    symbol = None  # it names no dim_param
+
+    def is_dim(self, value: ir.Value, axis: int) -> bool:
+        return False
+
+
+Element = int | DimOf | ScaledDim
 
 
 @dataclass(frozen=True)
@@ -112,10 +127,12 @@ def _evaluate(node: ir.Node, lookup) -> ShapeValue | None:
         return ShapeValue(first.elements, scalar=True) if axes in (None, [0], [-1]) else None
     if op == "Slice" and first is not None and not first.scalar:
         return _slice(node, first, lookup)
-    if op == "Reshape" and first is not None and not first.scalar:
+    if op == "Reshape" and first is not None:
         target = lookup(node.inputs[1])
         flattened_whole = target is not None and list(target.elements) in ([-1], [len(first.elements)])
         return ShapeValue(first.elements) if flattened_whole else None
+    if op == "Mul":
+        return _elementwise(lookup(node.inputs[0]), lookup(node.inputs[1]), _times)
     if op == "Equal":
         return _elementwise(lookup(node.inputs[0]), lookup(node.inputs[1]), _equal)
     if op == "Where":
@@ -129,8 +146,24 @@ def _equal(a: Element, b: Element) -> int | None:
         return int(a == b)
     if isinstance(a, DimOf) and isinstance(b, DimOf):
         return 1 if (a.value is b.value and a.axis == b.axis) or (a.symbol and a.symbol == b.symbol) else None
+    if not isinstance(a, int) and not isinstance(b, int):
+        return None
     number = a if isinstance(a, int) else b
     return 0 if number < 0 else None
+
+
+def _times(a: Element, b: Element) -> Element | None:
+    """a * b where a run-time size is multiplied by a positive number, else None."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    size, number = (a, b) if isinstance(b, int) else (b, a)
+    if not isinstance(number, int) or number < 1 or isinstance(size, int):
+        return None
+    if number == 1:
+        return size
+    if isinstance(size, ScaledDim):
+        return ScaledDim(size.dim, size.factor * number)
+    return ScaledDim(size, number)
 
 
 def _broadcast(*values: ShapeValue) -> int | None:
