@@ -48,8 +48,6 @@ class DerivedDim:
     def __post_init__(self) -> None:
         if self.multiplier < 1 or self.divisor < 1:
             raise ValueError(f"derived dim {self}: multiplier and divisor must be >= 1")
-        if self.times is not None and self.divisor != 1:
-            raise ValueError(f"derived dim {self}: a product of two symbols takes no divisor")
 
     @property
     def symbols(self) -> tuple[str, ...]:
@@ -62,6 +60,11 @@ class DerivedDim:
     def __str__(self) -> str:
         return "*".join(self.symbols) + (f"*{self.multiplier}" if self.multiplier != 1 else "") + (
             f"//{self.divisor}" if self.divisor != 1 else "")
+
+
+def product_symbols(key: str) -> tuple[str, ...]:
+    """The symbols of a KernelSpec.multiples key: one symbol, or a product of two ("s0*s1")."""
+    return tuple(key.split("*"))
 
 
 Dim = int | str | DerivedDim
@@ -146,8 +149,9 @@ class KernelSpec:
     levels: tuple[str, ...] = ()
     level_small_batch_below: tuple[int, ...] = ()
     multiples: tuple[tuple[str, int], ...] = ()
-    """(symbol, n): the kernel fails unless the symbol's value is a multiple of n (a Reshape in
-    the group splits it; codegen/reshape_divisions.py)."""
+    """(key, n): the kernel fails unless the symbol's value, or the product of two ("s0*s1",
+    product_symbols), is a multiple of n (a Reshape in the group splits it;
+    codegen/reshape_divisions.py)."""
 
     def level_name(self, level_suffix: str) -> str:
         """This kernel's name as built for one of its levels (variants append to it)."""
@@ -179,7 +183,7 @@ class KernelSpec:
         if derived_inputs:
             raise ValueError(f"kernel {self.name}: input dims must be static or named, got {derived_inputs[0]}")
         bound = {s for t in self.inputs for s in t.symbols}
-        unchecked = {symbol for symbol, _ in self.multiples} - bound
+        unchecked = {symbol for key, _ in self.multiples for symbol in product_symbols(key)} - bound
         if unchecked:
             raise ValueError(f"kernel {self.name}: multiples of {sorted(unchecked)}, which are not dims of any input")
         unbound = {s for t in self.outputs for s in t.symbols} - bound

@@ -27,8 +27,7 @@ def test_shape_expressions_become_derived_dims():
     s = tvm.tirx.Var("S", "int64")
     assert _dim(s * n) == DerivedDim("S", times="N")
     assert _dim(s * c(4) * n) == DerivedDim("S", 4, times="N")
-    with pytest.raises(CompileError, match="expression"):
-        _dim(tvm.tirx.floordiv(s * n, c(2)))
+    assert _dim(tvm.tirx.floordiv(s * n * c(64), c(256))) == DerivedDim("S", 64, 256, times="N")
     with pytest.raises(CompileError, match="expression"):
         _dim(s * n * n)
 
@@ -69,10 +68,18 @@ def _flatten_two_symbols_model():
                  {"x": ("S", "N", 4)}, {"y": ("R", 4)}, {"rows_shape": const_i64(-1, 4)})
 
 
+def _split_product_model():
+    """x[S, N, 64] → Reshape [16, -1, 16] → Relu → y[S*N//4, ...]: TorchScript's attention head
+    split with seq baked to 16; the kernel checks S*N is a multiple of 4, as onnxruntime fails."""
+    return model([node("Reshape", ["x", "heads_shape"], "heads"), node("Relu", ["heads"], "y")],
+                 {"x": ("S", "N", 64)}, {"y": (16, "R", 16)}, {"heads_shape": const_i64(16, -1, 16)})
+
+
 @pytest.mark.parametrize("build, feed_name, shapes", [
     (_flatten_model, "x", [(1, 4), (3, 4), (50, 4)]),
     (_fold_model, "f", [(4,), (12,), (200,)]),
     (_flatten_two_symbols_model, "x", [(1, 1, 4), (3, 5, 4), (16, 50, 4)]),
+    (_split_product_model, "x", [(2, 2, 64), (16, 1, 64), (6, 10, 64)]),
 ])
 def test_flattening_and_folding_groups_compile_and_match_onnxruntime(tmp_path, build, feed_name, shapes):
     import onnx
@@ -97,3 +104,21 @@ def test_verification_folds_random_inputs_evenly_for_every_divisor():
                       (TensorSpec("float32", (DerivedDim("M", 1, 4), "N")), TensorSpec("float32", (DerivedDim("M", 1, 6),)),
                        TensorSpec("float32", (DerivedDim("N", 3),))), "k.o")
     assert _whole_multiples(spec, 3) == {"M": 3 * 12}  # lcm(4, 6); N is only multiplied
+
+
+def test_a_split_of_a_product_that_does_not_divide_fails_as_onnxruntime_does(tmp_path):
+    import onnx
+    import onnxruntime as ort
+
+    source = tmp_path / "m.onnx"
+    onnx.save(_split_product_model(), str(source))
+    result = optimize(source, tmp_path / "m.fused.onnx", cache_dir=False, jobs=1, select="all")
+    assert result.report["groups"][0]["status"] == "compiled"
+    x = np.zeros((3, 3, 64), np.float32)  # 9 rows of 64 do not split into rows of 16 x 16
+    with pytest.raises(Exception, match="cannot be reshaped"):
+        ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    import onnxfuse
+
+    fused = onnxfuse.InferenceSession(str(result.model_path), providers=["CPUExecutionProvider"])
+    with pytest.raises(Exception, match="cannot be reshaped"):
+        fused.run(None, {"x": x})

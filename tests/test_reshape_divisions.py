@@ -30,8 +30,9 @@ def test_each_division_asks_its_symbol_to_be_a_multiple():
     assert requirements([tvm.tirx.floordiv(N * c(64), c(48))]) == (("N", 3),)
     assert requirements([tvm.tirx.floordiv(N * c(64), c(48)), tvm.tirx.floordiv(N, c(16))]) == (("N", 48),)
     assert requirements([tvm.tirx.floordiv(N * c(8), c(4))]) == ()  # always divides
+    assert requirements([tvm.tirx.floordiv(N * M * c(64), c(256))]) == (("N*M", 4),)  # the product
     with pytest.raises(CompileError, match="cannot check"):
-        requirements([tvm.tirx.floordiv(N * M, c(4))])
+        requirements([tvm.tirx.floordiv(N * M * N, c(4))])
 
 
 def test_a_split_and_merge_back_is_the_symbol_itself_where_it_divides():
@@ -39,6 +40,7 @@ def test_a_split_and_merge_back_is_the_symbol_itself_where_it_divides():
     assert exact_dim(tvm.tirx.floordiv(N, c(16)) * c(8), (("N", 16),)) == DerivedDim("N", 1, 2)
     assert exact_dim(tvm.tirx.floordiv(N * c(64), c(48)) * c(48), (("N", 3),)) == DerivedDim("N", 64)
     assert exact_dim(tvm.tirx.floordiv(N, c(16)) * c(16), ()) is None  # not known to divide: refused
+    assert exact_dim(tvm.tirx.floordiv(N * M, c(4)) * c(4), (("N*M", 4),)) == DerivedDim("N", times="M")
 
 
 def _sessions(m: onnx.ModelProto, tmp_path):

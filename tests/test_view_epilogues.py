@@ -79,3 +79,16 @@ def test_the_projection_with_its_heads_is_onnxruntimes_bits(tmp_path):
         for e, a in zip(expected, actual):
             assert a.shape == e.shape == (4, rows, 4)
             np.testing.assert_array_equal(np.asarray(a).view(np.uint32), np.asarray(e).view(np.uint32))
+
+
+def test_a_reshape_that_divides_a_product_of_symbolic_sizes_stays_out_of_the_gemms_group():
+    """x[S, N, 64] @ w, read by two branches: Reshape [16, -1, 16] (the -1 is S * N // 4, which a
+    kernel checks at run time; with a GEMM such a kernel fails to build in TVM 0.27:
+    forward_graph.divides_a_symbolic_size) stays out; Reshape [0, -1, 16] (-1 = N * 4) joins."""
+    m = model([node("MatMul", ["x", "w"], "mm"),
+               node("Reshape", ["mm", "baked"], "r1"), node("Transpose", ["r1"], "y1", perm=[1, 0, 2]),
+               node("Reshape", ["mm", "heads"], "r2"), node("Transpose", ["r2"], "y2", perm=[1, 0, 2])],
+              {"x": ("S", "N", 64)}, {"y1": ("R", 16, 16), "y2": ("Q", "S", 16)},
+              {"w": weights(64, 64), "baked": const_i64(16, -1, 16), "heads": const_i64(0, -1, 16)})
+    plan = groups(m)
+    assert {"mm", "r2", "y2"} in plan and {"r1", "y1"} in plan

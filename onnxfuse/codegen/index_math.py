@@ -48,7 +48,7 @@ def static_length(shape) -> int | None:
 
 def derived_dim(expr) -> DerivedDim | None:
     """A shape expression as `symbol * multiplier // divisor` (a symbol alone, `s * c`, `s // c`,
-    `s * a // b`) or as a product of two symbols `s * t * c`, else None."""
+    `s * a // b`), the same of a product of two symbols (`s * t * a // b`), else None."""
     tirx = tvm.tirx
     if isinstance(expr, tirx.Var):
         return DerivedDim(str(expr.name))
@@ -62,8 +62,8 @@ def derived_dim(expr) -> DerivedDim | None:
         return _product_of_two_symbols(derived_dim(expr.a), derived_dim(expr.b))
     if isinstance(expr, tirx.FloorDiv) and isinstance(expr.b, tirx.IntImm) and expr.b.value >= 1:
         inner = derived_dim(expr.a)
-        if inner is not None and inner.divisor == 1 and inner.times is None:
-            return DerivedDim(inner.symbol, inner.multiplier, int(expr.b.value))
+        if inner is not None and inner.divisor == 1:
+            return DerivedDim(inner.symbol, inner.multiplier, int(expr.b.value), inner.times)
     return None
 
 

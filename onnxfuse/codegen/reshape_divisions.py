@@ -5,8 +5,9 @@ input tensor cannot be reshaped to the requested shape"). TVM writes the inferre
 division, `[M] -> [-1, 4]` as `M // 4`, and a kernel computed on: at M = 6 the fused model
 returned one row of four where the original fails. So the Reshape converter records each floor
 division of a symbolic size it introduces, each becomes a requirement on an input dim (`M` a
-multiple of 4; `s0 * 64 // 48` asks for s0 a multiple of 3), and the kernel checks them first and
-fails with an error, as onnxruntime does.
+multiple of 4; `s0 * 64 // 48` asks for s0 a multiple of 3; `s0 * s1 * 64 // 256`, a TorchScript
+attention head split of `[seq, batch, 64]`, for the product s0 * s1 a multiple of 4), and the
+kernel checks them first and fails with an error, as onnxruntime does.
 
 That a requirement holds also makes a shape exact: a Keras encoder's feed-forward block reshapes
 `[s0, 64]` to `[-1, 16, 64]` and back, whose rows TVM names `s0 // 16 * 16`, which is s0 where s0
@@ -27,7 +28,7 @@ from tvm.tirx.buffer import is_buffer_var
 from tvm.tirx.transform.common import BufferReplacer
 
 from ..errors import CompileError
-from ..kernel_spec import DerivedDim, Dim
+from ..kernel_spec import DerivedDim, Dim, product_symbols
 from .index_math import derived_dim
 
 ERROR_KIND = "ValueError"
@@ -74,14 +75,15 @@ class ReshapeRecordingDivisions(onnx_frontend.OnnxOpConverter):
 
 
 def _scaled_symbol(expr) -> tuple[str, int] | None:
-    """(symbol, multiplier) for `symbol * c` (or the symbol alone), else None."""
+    """(key, multiplier) for `symbol * c` or `s * t * c` (key "s" or "s*t"), else None."""
     dim = derived_dim(expr)
-    return (dim.symbol, dim.multiplier) if dim is not None and dim.divisor == 1 and dim.times is None else None
+    return ("*".join(dim.symbols), dim.multiplier) if dim is not None and dim.divisor == 1 else None
 
 
 def requirements(divisions: list) -> tuple[tuple[str, int], ...]:
-    """(symbol, n): the symbol must be a multiple of n, for each recorded division; refused
-    (CompileError) where a division's numerator is not one symbol times a constant."""
+    """(key, n): the symbol (or the product of two, "s*t") must be a multiple of n, for each
+    recorded division; refused (CompileError) where a division's numerator is not one symbol or a
+    product of two times a constant."""
     needed: dict[str, int] = {}
     for division in divisions:
         scaled = _scaled_symbol(division.a)
@@ -114,7 +116,10 @@ def exact_dim(expr, needed: tuple[tuple[str, int], ...]) -> Dim | None:
         numerator, denominator = multiplier * int(const.value), divisor
         common = math.gcd(numerator, denominator)
         numerator, denominator = numerator // common, denominator // common
-        return symbol if (numerator, denominator) == (1, 1) else DerivedDim(symbol, numerator, denominator)
+        first, *times = product_symbols(symbol)
+        if not times and (numerator, denominator) == (1, 1):
+            return first
+        return DerivedDim(first, numerator, denominator, times[0] if times else None)
     return None
 
 
@@ -142,12 +147,20 @@ def _symbols(func: tirx.PrimFunc) -> dict:
             if isinstance(dim, tirx.Var)}
 
 
+def _product(symbols: dict, names) -> tirx.PrimExpr:
+    """The product of the function's vars named `names`."""
+    product = symbols[names[0]]
+    for name in names[1:]:
+        product = product * symbols[name]
+    return product
+
+
 def _as_expr(dim, symbols: dict, original):
     """A dim of exact_dim as an expression of the function's own vars (`original` where None)."""
     if isinstance(dim, str) and dim in symbols:
         return symbols[dim]
-    if isinstance(dim, DerivedDim) and dim.symbol in symbols:
-        var = symbols[dim.symbol]
+    if isinstance(dim, DerivedDim) and all(s in symbols for s in dim.symbols):
+        var = _product(symbols, dim.symbols)
         scaled = var * tirx.const(dim.multiplier, var.ty.dtype) if dim.multiplier != 1 else var
         return tirx.floordiv(scaled, tirx.const(dim.divisor, var.ty.dtype)) if dim.divisor != 1 else scaled
     return original
@@ -159,10 +172,10 @@ def with_divisibility_checks(func: tirx.PrimFunc, needed: tuple[tuple[str, int],
         return func
     symbols = _symbols(func)
     guards = []
-    for symbol, divisor in needed:
-        var = symbols.get(symbol)
-        if var is None:
-            raise CompileError(f"shapes: a Reshape divides dim {symbol}, which no input of the kernel has")
+    for key, divisor in needed:
+        if any(s not in symbols for s in product_symbols(key)):
+            raise CompileError(f"shapes: a Reshape divides dim {key}, which no input of the kernel has")
+        var = _product(symbols, product_symbols(key))
         text = (f"an input dim is not a multiple of {divisor}, which a Reshape in this group splits it into: "
                 "the input tensor cannot be reshaped to the requested shape")
         failed = tirx.AssertStmt(tirx.const(False, "bool"), tvm.ir.StringImm(ERROR_KIND), [tvm.ir.StringImm(text)])

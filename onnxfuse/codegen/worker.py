@@ -21,7 +21,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from ..errors import CompileError, first_line, short_reason
-from ..kernel_spec import DerivedDim, GroupKernel, KernelSpec
+from ..kernel_spec import DerivedDim, GroupKernel, KernelSpec, product_symbols
 from ..measure.inputs import random_feeds_for_session
 from ..session import quiet_session_options
 from ..target import resolve_target
@@ -143,8 +143,12 @@ def _with_initializers(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -
 def _whole_multiples(spec: KernelSpec, dim: int) -> dict[str, int]:
     """Symbols an output divides (`M // 100` folds a flat `[M]` back to rows) or a Reshape splits
     (spec.multiples) set to `dim` whole multiples of every divisor they meet: random inputs must
-    fold evenly, as the real ones do."""
-    divisors: dict[str, int] = dict(spec.multiples)
+    fold evenly, as the real ones do. A product of two symbols a Reshape splits makes its first
+    symbol a multiple (enough for the product)."""
+    divisors: dict[str, int] = {}
+    for key, n in spec.multiples:
+        first = product_symbols(key)[0]
+        divisors[first] = math.lcm(divisors.get(first, 1), n)
     for d in (d for t in spec.outputs for d in t.shape if isinstance(d, DerivedDim) and d.divisor > 1):
         divisors[d.symbol] = math.lcm(divisors.get(d.symbol, 1), d.divisor)
     return {symbol: dim * divisor for symbol, divisor in divisors.items()}

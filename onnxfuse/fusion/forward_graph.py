@@ -192,12 +192,42 @@ def moves_whole_rows(node: Node, graph: Graph) -> bool:
     [b, h, d, seq] took 91 us with it against 72 us for the kernel and onnxruntime's Transpose
     (batch 64 x seq 16), where Keras's key to [N, 4, 1, 8, 16] (tf2onnx, seq static) ran its
     encoder 1.82x -> 2.38x onnxruntime at batch 64 with it."""
-    if node.op_type in ("Reshape", "Flatten") or selects_whole_rows(node, graph) or transposes_whole_rows(node):
+    if node.op_type == "Reshape":
+        return not divides_a_symbolic_size(node, graph)
+    if node.op_type == "Flatten" or selects_whole_rows(node, graph) or transposes_whole_rows(node):
         return True
     if node.op_type != "Transpose":
         return False
     shape = graph.value(node.outputs[0]).shape
     return shape is not None and len(shape) > 0 and isinstance(shape[-1], int)
+
+
+def divides_a_symbolic_size(node: Node, graph: Graph) -> bool:
+    """Whether a Reshape's inferred dim (-1) divides symbolic sizes by a number that does not
+    divide out of the static ones: `[seq, batch, 64] -> [16, -1, 16]` (a TorchScript export that
+    baked seq = 16) is `seq * batch // 4`, which the kernel must check at run time
+    (codegen/reshape_divisions.py), where `[seq, batch, 64] -> [0, -1, 16]` is batch * 4. A
+    kernel with a GEMM and such a Reshape fails to build in TVM 0.27 (its LLVM lowering binds a
+    floor-modulo's `rmod` twice), so a view epilogue that has one stays out of the GEMM's group.
+    True when it cannot tell (no constant shape, an unknown input shape)."""
+    data = graph.value(node.inputs[0]).shape
+    target = graph.constant(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] else None
+    if data is None or target is None:
+        return True
+    target = [int(v) for v in target.reshape(-1)]
+    if -1 not in target:
+        return False
+    allowzero = bool(node.attributes.get("allowzero", 0))
+    copied = {i for i, v in enumerate(target) if v == 0 and not allowzero and i < len(data)}
+    static_in = 1
+    for axis, dim in enumerate(data):
+        if axis not in copied and isinstance(dim, int):
+            static_in *= dim
+    static_out = 1
+    for i, v in enumerate(target):
+        if i not in copied and v > 0:
+            static_out *= v
+    return static_out == 0 or static_in % static_out != 0
 
 
 def is_row_local_gemm(node: Node, graph: Graph) -> bool:
