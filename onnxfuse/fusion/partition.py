@@ -137,16 +137,9 @@ class Partitioner:
 
     # -- view epilogues ----------------------------------------------------------------------------
     def _fuse_view_epilogues(self) -> None:
-        """Each group that only moves data the results of one anchored group merges into it
+        """Each group that only moves whole rows of one anchored group's results merges into it
         (module doc)."""
-        for group in {id(g.root()): g.root() for g in self.groups}.values():
-            target = self._viewed_group(group)
-            if target is None:
-                continue
-            members = group.members + target.members
-            if self._bound_exceeded(members) or self._weight_bytes(members) > GROUP_WEIGHT_LIMIT:
-                continue
-            self._merge(group, target)
+        self._merge_each_into(self._viewed_group)
 
     def _viewed_group(self, group: Group) -> Group | None:
         """The anchored group whose results alone `group` reads (besides constants), when every
@@ -177,8 +170,13 @@ class Partitioner:
         """Each group that qualifies (module doc) merges into the group of the GEMM it feeds. The
         group graph stays acyclic: every edge out of the prologue ends at that GEMM, so no path
         leaves the merged group and comes back."""
+        self._merge_each_into(self._prologue_of)
+
+    def _merge_each_into(self, target_of) -> None:
+        """Merges each group into the group `target_of` names for it (None: none), unless the
+        merged group would pass the depth, input or weight bounds."""
         for group in {id(g.root()): g.root() for g in self.groups}.values():
-            target = self._prologue_of(group)
+            target = target_of(group)
             if target is None:
                 continue
             members = group.members + target.members
