@@ -78,7 +78,8 @@ def sum_over_seq():
 
 
 def _prim_func(model):
-    return relax_import.import_group(model, "k").prim_func
+    """The group's PrimFunc as schedule_group hands it to the fold: with exact row indices."""
+    return fold_rows.exact_row_indices(relax_import.import_group(model, "k").prim_func)
 
 
 def _feeds(model, batch, seq):
@@ -128,7 +129,7 @@ def test_two_dimensional_groups_are_left_alone():
 
 
 def test_the_reshape_reads_its_source_row_by_row_after_exact_row_indices():
-    script = fold_rows.exact_row_indices(_prim_func(linear_heads())).script()
+    script = _prim_func(linear_heads()).script()
     assert "// seq" not in script and "% seq" not in script
 
 

@@ -177,8 +177,9 @@ def _copied_out(sch) -> None:
 
 def fold_leading_dims(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """`func` with its two leading dims folded into one row axis (module doc), or `func` itself
-    when it does not qualify."""
-    sch = s_tir.Schedule(tvm.IRModule({"main": exact_row_indices(func)}))
+    when it does not qualify. `func` has exact row indices already (schedule_group applies
+    exact_row_indices to every group first, folded or not)."""
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     leading = _leading_dims(sch)
     if leading is None:
         return func
