@@ -33,7 +33,7 @@ Beyond TVM (each switchable in `FusionOptions`):
   its activation): the hidden layer of a row tile stays in cache (schedule.py materialises a
   GEMM's computed operand per row tile rather than inlining it);
 - view epilogues: a group that only moves whole rows of data (forward_graph.moves_whole_rows:
-  reshapes, row selections, transposes that keep the last axis) and reads nothing but one
+  reshapes, row selections, transposes whose last axis is static or stays last) and reads nothing but one
   anchored group's results (and constants) joins that group, as further outputs. PyTorch's
   nn.MultiheadAttention projects q, k and v with one MatMul and then takes each apart with
   Gather, Reshape and Transpose into heads; the three branches never rejoin before the attention
@@ -143,9 +143,8 @@ class Partitioner:
 
     def _viewed_group(self, group: Group) -> Group | None:
         """The anchored group whose results alone `group` reads (besides constants), when every
-        op of `group` moves whole rows; else None. A Transpose to [b, h, d, s] (a TorchScript or
-        dynamo BERT's key) scatters every element: in the key projection's kernel it took 91 us
-        against 72 us for the kernel and onnxruntime's Transpose (batch 64 x seq 16)."""
+        op of `group` moves whole rows (forward_graph.moves_whole_rows says which, and why);
+        else None."""
         members = set(group.members)
         if not members or any(self.fg.nodes[m].kind != OpKind.INJECTIVE
                                or not moves_whole_rows(self.fg.nodes[m].node, self.fg.graph) for m in members):
