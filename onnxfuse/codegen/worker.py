@@ -145,12 +145,11 @@ def _whole_multiples(spec: KernelSpec, dim: int) -> dict[str, int]:
     (spec.multiples) set to `dim` whole multiples of every divisor they meet: random inputs must
     fold evenly, as the real ones do. A product of two symbols a Reshape splits makes its first
     symbol a multiple (enough for the product)."""
+    split = [(product_symbols(key)[0], n) for key, n in spec.multiples]
+    folded = [(d.symbol, d.divisor) for t in spec.outputs for d in t.shape if isinstance(d, DerivedDim) and d.divisor > 1]
     divisors: dict[str, int] = {}
-    for key, n in spec.multiples:
-        first = product_symbols(key)[0]
-        divisors[first] = math.lcm(divisors.get(first, 1), n)
-    for d in (d for t in spec.outputs for d in t.shape if isinstance(d, DerivedDim) and d.divisor > 1):
-        divisors[d.symbol] = math.lcm(divisors.get(d.symbol, 1), d.divisor)
+    for symbol, n in split + folded:
+        divisors[symbol] = math.lcm(divisors.get(symbol, 1), n)
     return {symbol: dim * divisor for symbol, divisor in divisors.items()}
 
 
