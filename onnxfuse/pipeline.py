@@ -29,6 +29,7 @@ from .cache import KernelCache, default_cache_dir, group_key, kernel_name
 from .codegen.float16_boundaries import carry_float32
 from .codegen.worker import compile_one
 from .errors import CompileError, UsageError
+from .frontend.batch_first_trees import NODE_PREFIX as TREE_NODE_PREFIX
 from .frontend.ir_version import require_loadable_ir_version
 from .frontend.loader import load_model
 from .frontend.validate import external_data_files, validate_model_file
@@ -241,26 +242,31 @@ def run_pipeline(model_path: Path, out_path: Path | None, options: OptimizeOptio
     check_outputs([("input model", model_path)] + [("input's external data", p) for p in external_data_files(header, model_path)],
                   out)
     del header
-    graph = load_model(model_path)
-    require_loadable_ir_version(graph.model, model_path)
-    node_op_types = tuple((scope, n.index, n.op_type) for scope, body in graph.scopes() for n in body.nodes)
-    clock.lap("load")
-    plan = carry_float32(graph, plan_fusion(graph, options.fusion,
-                                            leave_to_onnxruntime if options.select == "auto" else None))
-    clock.lap("plan")
+    for batch_first_trees in (True, False):
+        graph = load_model(model_path, batch_first_trees=batch_first_trees)
+        require_loadable_ir_version(graph.model, model_path)
+        node_op_types = tuple((scope, n.index, n.op_type) for scope, body in graph.scopes() for n in body.nodes)
+        clock.lap("load")
+        plan = carry_float32(graph, plan_fusion(graph, options.fusion,
+                                                leave_to_onnxruntime if options.select == "auto" else None))
+        clock.lap("plan")
 
-    with tempfile.TemporaryDirectory(prefix="onnxfuse-build-") as build_dir:
-        outcomes = _compile_groups(graph, plan, tgt, options, Path(build_dir), progress)
-        clock.lap("compile")
-        measured = {}
-        if options.select == "measured":
-            outcomes, measured = _select_measured(graph, outcomes, tgt, Path(build_dir), options, progress)
-            clock.lap("select")
-        fused = [(o.group, o.kernel) for o in outcomes if o.kernel is not None]
-        written = _write_outputs(model_path, graph, fused, out, tgt, Path(build_dir), options, progress)
-        outcomes = [o.fallen_back(written.dropped[o.group.name]) if o.group.name in written.dropped else o
-                    for o in outcomes]
-        clock.lap("package")
+        with tempfile.TemporaryDirectory(prefix="onnxfuse-build-") as build_dir:
+            outcomes = _compile_groups(graph, plan, tgt, options, Path(build_dir), progress)
+            clock.lap("compile")
+            measured = {}
+            if options.select == "measured":
+                outcomes, measured = _select_measured(graph, outcomes, tgt, Path(build_dir), options, progress)
+                clock.lap("select")
+            fused = [(o.group, o.kernel) for o in outcomes if o.kernel is not None]
+            if batch_first_trees and _tree_products_left(graph, [group for group, _ in fused]):
+                continue
+            written = _write_outputs(model_path, graph, fused, out, tgt, Path(build_dir), options, progress)
+            outcomes = [o.fallen_back(written.dropped[o.group.name]) if o.group.name in written.dropped else o
+                        for o in outcomes]
+            clock.lap("package")
+        if not batch_first_trees or not _tree_products_left(graph, [o.group for o in outcomes if o.kernel is not None]):
+            break
     result = OptimizeResult(out.model, written.library, plan, outcomes, time.perf_counter() - started, measured,
                             source_path=model_path, target=tgt, node_op_types=node_op_types, timings=clock.laps,
                             data_path=written.data, report_path=report_path, shipped_check=written.shipped_summary)
@@ -270,6 +276,15 @@ def run_pipeline(model_path: Path, out_path: Path | None, options: OptimizeOptio
         except OSError as exc:
             raise OutputError(f"cannot write the report {report_path}: {describe(exc)}") from None
     return result
+
+
+def _tree_products_left(graph: Graph, kept: list[FusedGroup]) -> bool:
+    """Whether a product the batch_first_trees pass wrote would run in onnxruntime, where that
+    form is slower than the original's (frontend/batch_first_trees.py): then the model is
+    optimized again without the pass."""
+    in_kernels = {index for group in kept if not group.scope for index in group.node_indices}
+    return any(node.name.startswith(TREE_NODE_PREFIX) and node.op_type == "MatMul" and node.index not in in_kernels
+               for node in graph.nodes)
 
 
 class _StageClock:

@@ -19,7 +19,10 @@ The passes, in order (each file states its guarantee):
    one Gather (`last_element_gathers.py`), the axes a Slice takes whole dropped from it
    (`whole_axis_slices.py`), a Loop's carried dims made its initial value's where the body
    keeps them (`loop_carried_dims.py`), dead nodes and initializers removed (onnx-ir's
-   RemoveUnusedNodesPass).
+   RemoveUnusedNodesPass);
+5. Hummingbird's GEMM strategy for trees computed batch first, one product per tree
+   (`batch_first_trees.py`; the caller may turn it off: the pipeline does when its nodes would
+   not all become kernels).
 
 Everything works on onnx-ir's in-memory model; the loader hands in and gets back a ModelProto.
 """
@@ -37,6 +40,7 @@ from onnx_ir.passes.common import (
 )
 
 from ..errors import first_line
+from .batch_first_trees import BatchFirstTreesPass
 from .drop_noop_casts import DropNoOpCastsPass
 from .fold_batch_norms import FoldBatchNormsPass
 from .fold_constants import MAX_FOLDED_ELEMENTS, FoldConstantsPass
@@ -54,7 +58,7 @@ MAX_ROUNDS = 8
 """Rounds of the fixed-point loop; each round that changes nothing ends it early."""
 
 
-def canonical_passes(max_folded_elements: int = MAX_FOLDED_ELEMENTS) -> ir.passes.PassManager:
+def canonical_passes(max_folded_elements: int = MAX_FOLDED_ELEMENTS, batch_first_trees: bool = True) -> ir.passes.PassManager:
     to_fixed_point = ir.passes.PassManager(
         [
             InferShapesPass(),
@@ -71,14 +75,15 @@ def canonical_passes(max_folded_elements: int = MAX_FOLDED_ELEMENTS) -> ir.passe
         steps=MAX_ROUNDS,
         early_stop=True,
     )
+    trees = [BatchFirstTreesPass(), InferShapesPass(), RemoveUnusedNodesPass()] if batch_first_trees else []
     return ir.passes.PassManager(
-        [InlinePass(), LiftConstantsPass(), NameUnknownInputDimsPass(), to_fixed_point, RemoveUnusedOpsetsPass()]
+        [InlinePass(), LiftConstantsPass(), NameUnknownInputDimsPass(), to_fixed_point, *trees, RemoveUnusedOpsetsPass()]
     )
 
 
-def canonicalize(model: onnx.ModelProto) -> onnx.ModelProto:
+def canonicalize(model: onnx.ModelProto, batch_first_trees: bool = True) -> onnx.ModelProto:
     """A canonical copy of `model` (the argument is not changed); `model` itself if the passes
-    cannot handle it, with a warning saying why."""
+    cannot handle it, with a warning saying why. `batch_first_trees`: run that pass (step 5)."""
     proto = onnx.ModelProto()
     proto.CopyFrom(model)
     densify_sparse_constants(proto, MAX_FOLDED_ELEMENTS)
@@ -87,7 +92,7 @@ def canonicalize(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
     try:
         ir_model = ir.serde.deserialize_model(proto)
-        canonical_passes()(ir_model)
+        canonical_passes(batch_first_trees=batch_first_trees)(ir_model)
         return ir.serde.serialize_model(ir_model)
     except Exception as exc:  # a model onnx-ir cannot read or write: use it as it is
         warnings.warn(f"front-end passes failed, the model is used as it is: {first_line(exc)}", stacklevel=2)

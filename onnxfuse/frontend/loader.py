@@ -21,15 +21,17 @@ from .declared_shapes import declared_value_names, keep_declared_value_info
 from .validate import read_model_header
 
 
-def load_model(source: str | os.PathLike | onnx.ModelProto, canonical: bool = True) -> Graph:
+def load_model(source: str | os.PathLike | onnx.ModelProto, canonical: bool = True,
+               batch_first_trees: bool = True) -> Graph:
     """Read a model from a path (external data resolved beside it) or take a ModelProto.
 
     `canonical`: run the front-end passes first (`canonicalize.py`); off only to test fusion
-    rules on patterns the passes would rewrite away. The Graph's values carry every shape the
+    rules on patterns the passes would rewrite away; `batch_first_trees` off skips only that
+    pass (`batch_first_trees.py`). The Graph's values carry every shape the
     passes inferred; its `model` only the value_info the source declared (declared_shapes.py)."""
     if isinstance(source, onnx.ModelProto):
         _check_is_model(source, "model")
-        model = canonicalize(source) if canonical else source  # a copy: `source` stays as it was
+        model = canonicalize(source, batch_first_trees) if canonical else source  # a copy: `source` stays as it was
         graph = build_graph(model, _infer_shapes(model))
         keep_declared_value_info(graph.model, declared_value_names(source))
         graph.onnxruntime_fused_ops = onnxruntime_fused_ops(source) if canonical else ()
@@ -39,7 +41,7 @@ def load_model(source: str | os.PathLike | onnx.ModelProto, canonical: bool = Tr
     _check_is_model(model, path)
     declared = declared_value_names(model)
     fused_ops = onnxruntime_fused_ops(model, path) if canonical else ()
-    model = canonicalize(model) if canonical else model
+    model = canonicalize(model, batch_first_trees) if canonical else model
     # Infer before the external data comes in: a >2 GB proto cannot be serialized for inference.
     inferred = _infer_shapes(model)
     if _has_external_data(model):

@@ -51,7 +51,7 @@ def used_names_everywhere(graph: ir.Graph) -> set[str]:
 
 def add_initializer(graph: ir.Graph, base: str, array: np.ndarray, taken: set[str] | None = None) -> ir.Value:
     """Register `array` as a new initializer named after `base` (suffixed if the name is taken)."""
-    name = _fresh(base, used_names(graph) if taken is None else taken)
+    name = fresh_name(base, used_names(graph) if taken is None else taken)
     tensor = ir.tensor(array, name=name)
     value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
     graph.register_initializer(value)
@@ -64,7 +64,7 @@ def replace_with_initializer(graph: ir.Graph, old: ir.Value, array: np.ndarray, 
     The initializer takes `old`'s name, so the model's names stay recognisable; `old` is renamed
     and left to its producer, which is dead unless it has other outputs still read."""
     name = old.name
-    old.name = _fresh(f"{name}__replaced", taken)
+    old.name = fresh_name(f"{name}__replaced", taken)
     new = add_initializer(graph, name, array, taken - {name})
     taken.add(name)
     old.replace_all_uses_with(new)
@@ -82,7 +82,8 @@ def take_over(graph: ir.Graph, new: ir.Node, result: ir.Value, removed: list[ir.
     new.outputs[0].name = name
 
 
-def _fresh(base: str, taken: set[str]) -> str:
+def fresh_name(base: str, taken: set[str]) -> str:
+    """`base`, or `base_1`, `base_2`, ...: the first not in `taken`, which then holds it."""
     name, n = base, 0
     while name in taken:
         n += 1

@@ -1,0 +1,222 @@
+"""Pass: Hummingbird's GEMM strategy for trees, rewritten batch first with one product per tree.
+
+Hummingbird's `gemm` strategy (its default for shallow trees) computes a forest as three matrix
+products over the batch held in the *last* axis:
+
+    Gemm(W1 [M, K], X [N, K], transB=1)      -> [M, N]      each internal node's feature
+    Less / LessOrEqual / ... (b1 [M, 1])                    its decision
+    Reshape [T, J, -1], Cast to float                       per tree
+    MatMul(W2 [T, L, J], .)                  -> [T, L, N]   each leaf's count of decisions on its path
+    Reshape [T*L, -1], Equal(b2 [T*L, 1]), Reshape [T, L, -1], Cast   the leaf reached (one-hot)
+    MatMul(W3 [T, C, L], .)                  -> [T, C, N]   its value
+
+Batch-last, every access of our schedule strides by the batch (select/auto leaves such nodes to
+onnxruntime). The same numbers, batch first and per tree, are products whose columns are the
+tree's J internal nodes and L leaves, static and small:
+
+    MatMul(X, W1' [T, K, J'])                -> [T, N, J']  J' = J padded to whole vectors
+    compare(b1' [T, 1, J']), Cast, Slice to J
+    MatMul(., W2' [T, J, L'])                -> [T, N, L']
+    Equal(b2' [T, 1, L']), Cast, Slice to L
+    Mul(Unsqueeze(., 2), W3' [T, 1, C, L]), ReduceSum over L -> [T, N, C]
+    Transpose to [T, C, N]                                  the original's value, for the rest
+
+The last product becomes a Mul and a sum: its C columns (1 or 2) fill no vector, and the sum
+fuses into the kernel of the second product's epilogue. The padded columns compute from zero
+weights and are sliced off before anything reads them; every other number is computed from the
+same operands, each product summing its k's in order as onnxruntime's does, and the one-hot sum
+of the leaf values is exact in any order (the kernels are checked bit for bit all the same).
+
+Under onnxruntime the rewritten form runs slower than the original (0.5-0.7x at batch 64: its
+batched MatMul over T small products costs more than one Gemm), so the rewrite only pays as
+kernels. The pipeline therefore keeps it only when every node it wrote ends in a kernel and
+otherwise optimizes the original (`pipeline.run_pipeline`); the nodes it writes carry names
+starting with `NODE_PREFIX` for that check.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from .tensors import add_initializer, constant_array, constant_ints, fresh_name, used_names
+
+NODE_PREFIX = "batch_first_trees/"
+COMPARISONS = ("Less", "LessOrEqual", "Greater", "GreaterOrEqual")
+VECTOR = 16  # columns are padded to a multiple of this many floats (one AVX-512 vector)
+MAX_PADDED_COLUMNS = 64
+"""Trees whose padded internal nodes or leaves exceed this stay as they are. Measured at batch 64
+(1 thread, paired rounds, the kernels against the original under onnxruntime): 50 trees with 15 /
+30 internal nodes (GradientBoosting depth 4, LightGBM 31 leaves) 1.5-1.6x; XGBoost depth 6 (51
+internal nodes, padded to 64) see docs/benchmarks.md; a random forest of depth 8 (146 internal
+nodes, 147 leaves) ran 0.66x: its per-tree weights (160 x 160) no longer stay in cache across
+the row tiles, which run every tree in turn."""
+
+
+class BatchFirstTreesPass(ir.passes.InPlacePass):
+    """Guarantee: every chain of the shape above in the main graph, whose padded tree sizes are at
+    most MAX_PADDED_COLUMNS and whose Reshapes keep the batch as `-1`, is computed batch first per
+    tree; its final product's value is the same tensor, now a Transpose's output."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        modified = False
+        for node in list(model.graph):
+            if node.op_type == "Gemm" and node.domain in ("", "ai.onnx") and node.graph is model.graph:
+                chain = _match(node)
+                if chain is not None:
+                    _rewrite(model.graph, chain)
+                    modified = True
+        return ir.passes.PassResult(model, modified=modified)
+
+
+def _only_reader(node: ir.Node, op_types: tuple[str, ...]) -> ir.Node | None:
+    """The one node reading `node`'s one output, if it is of `op_types` and the output is no
+    graph output."""
+    if len(node.outputs) != 1 or node.outputs[0].is_graph_output():
+        return None
+    uses = list(node.outputs[0].uses())
+    if len(uses) != 1 or uses[0].node.op_type not in op_types or uses[0].node.domain not in ("", "ai.onnx"):
+        return None
+    return uses[0].node
+
+
+def _other_operand(node: ir.Node, value: ir.Value) -> tuple[np.ndarray | None, int]:
+    """The constant beside `value` among a binary node's two inputs, and `value`'s position."""
+    if len(node.inputs) != 2:
+        return None, -1
+    position = 0 if node.inputs[0] is value else 1
+    return constant_array(node.inputs[1 - position]), position
+
+
+def _int_attribute(node: ir.Node, name: str, default: int) -> int:
+    attribute = node.attributes.get(name)
+    return int(attribute.value) if attribute is not None else default
+
+
+def _float_attribute(node: ir.Node, name: str, default: float) -> float:
+    attribute = node.attributes.get(name)
+    return float(attribute.value) if attribute is not None else default
+
+
+def _reshape_target(node: ir.Node) -> list[int] | None:
+    """A Reshape's constant target if its last entry is -1 (the batch, left for the data to
+    size) and no other entry is 0 or -1, else None."""
+    if len(node.inputs) != 2 or _int_attribute(node, "allowzero", 0):
+        return None
+    target = constant_ints(node.inputs[1])
+    if target is None or not target or target[-1] != -1 or any(d <= 0 for d in target[:-1]):
+        return None
+    return target[:-1]
+
+
+def _is_float_cast(node: ir.Node | None) -> bool:
+    return node is not None and _int_attribute(node, "to", 0) == ir.DataType.FLOAT.value
+
+
+def _padded(count: int) -> int:
+    return -(-count // VECTOR) * VECTOR
+
+
+def _match(gemm: ir.Node) -> dict | None:
+    """The chain starting at `gemm`, with its constants, or None if any link differs."""
+    if (len(gemm.inputs) != 2 or _int_attribute(gemm, "transA", 0) or not _int_attribute(gemm, "transB", 0)
+            or _float_attribute(gemm, "alpha", 1.0) != 1.0):
+        return None
+    w1, x = constant_array(gemm.inputs[0]), gemm.inputs[1]
+    if w1 is None or w1.ndim != 2 or w1.dtype != np.float32 or constant_array(x) is not None \
+            or x.shape is None or len(x.shape) != 2:
+        return None
+    compare = _only_reader(gemm, COMPARISONS)
+    b1, compare_position = _other_operand(compare, gemm.outputs[0]) if compare else (None, -1)
+    split = _only_reader(compare, ("Reshape",)) if compare else None
+    trees = _reshape_target(split) if split else None
+    decisions = _only_reader(split, ("Cast",)) if split else None
+    counts = _only_reader(decisions, ("MatMul",)) if _is_float_cast(decisions) else None
+    if b1 is None or b1.shape != (w1.shape[0], 1) or trees is None or len(trees) != 2 or counts is None \
+            or counts.inputs[1] is not decisions.outputs[0]:
+        return None
+    (t, j), m = trees, w1.shape[0]
+    w2 = constant_array(counts.inputs[0])
+    flat = _only_reader(counts, ("Reshape",))
+    equal = _only_reader(flat, ("Equal",)) if flat else None
+    unflat = _only_reader(equal, ("Reshape",)) if equal else None
+    reached = _only_reader(unflat, ("Cast",)) if unflat else None
+    values = _only_reader(reached, ("MatMul",)) if _is_float_cast(reached) else None
+    if t * j != m or w2 is None or w2.ndim != 3 or w2.shape[0] != t or w2.shape[2] != j or values is None \
+            or values.inputs[1] is not reached.outputs[0]:
+        return None
+    leaves = w2.shape[1]
+    b2, equal_position = _other_operand(equal, flat.outputs[0])
+    w3 = constant_array(values.inputs[0])
+    if (_reshape_target(flat) != [t * leaves] or _reshape_target(unflat) != [t, leaves] or b2 is None
+            or b2.shape != (t * leaves, 1) or w3 is None or w3.ndim != 3 or w3.shape[0] != t
+            or w3.shape[2] != leaves or w2.dtype != np.float32 or w3.dtype != np.float32):
+        return None
+    if max(_padded(j), _padded(leaves)) > MAX_PADDED_COLUMNS:
+        return None
+    return {"x": x, "w1": w1, "compare": compare, "compare_position": compare_position, "b1": b1,
+            "trees": t, "internal": j, "w2": w2, "equal": equal, "equal_position": equal_position, "b2": b2,
+            "w3": w3, "removed": [gemm, compare, split, decisions, counts, flat, equal, unflat, reached, values]}
+
+
+def _rewrite(graph: ir.Graph, chain: dict) -> None:
+    t, j = chain["trees"], chain["internal"]
+    w1, w2, w3 = chain["w1"], chain["w2"], chain["w3"]
+    k, leaves, classes = w1.shape[1], w2.shape[1], w3.shape[1]
+    pj, pl = _padded(j), _padded(leaves)
+    taken = used_names(graph)
+    removed = chain["removed"]
+    result = removed[-1].outputs[0]
+    base = result.name or "trees"
+
+    def constant(part: str, array: np.ndarray) -> ir.Value:
+        return add_initializer(graph, f"{base}__{part}", array, taken)
+
+    per_tree_w1 = np.zeros((t, k, pj), np.float32)
+    per_tree_w1[:, :, :j] = w1.reshape(t, j, k).transpose(0, 2, 1)
+    per_tree_b1 = np.zeros((t, 1, pj), np.float32)
+    per_tree_b1[:, 0, :j] = chain["b1"].reshape(t, j)
+    per_tree_w2 = np.zeros((t, pj, pl), np.float32)
+    per_tree_w2[:, :j, :leaves] = w2.transpose(0, 2, 1)
+    per_tree_b2 = np.zeros((t, 1, pl), np.float32)
+    per_tree_b2[:, 0, :leaves] = chain["b2"].reshape(t, leaves)
+    per_tree_w3 = np.zeros((t, 1, classes, pl), np.float32)
+    per_tree_w3[:, 0, :, :leaves] = w3
+
+    nodes: list[ir.Node] = []
+
+    def add(op_type: str, inputs: list, **attributes) -> ir.Value:
+        name = f"{NODE_PREFIX}{base}/{op_type}_{len(nodes)}"
+        node = ir.Node("", op_type, inputs, attributes=[_attribute(k, v) for k, v in attributes.items()],
+                       name=name, num_outputs=1)
+        node.outputs[0].name = fresh_name(name.replace("/", "_"), taken)
+        nodes.append(node)
+        return node.outputs[0]
+
+    def binary(op_type: str, computed: ir.Value, operand: ir.Value, position: int) -> ir.Value:
+        return add(op_type, [computed, operand] if position == 0 else [operand, computed])
+
+    products = add("MatMul", [chain["x"], constant("w1", per_tree_w1)])
+    decided = binary(chain["compare"].op_type, products, constant("b1", per_tree_b1), chain["compare_position"])
+    decisions = add("Cast", [decided], to=ir.DataType.FLOAT.value)
+    counts = add("MatMul", [decisions, constant("w2", per_tree_w2)])
+    reached = binary("Equal", counts, constant("b2", per_tree_b2), chain["equal_position"])
+    one_hot = add("Cast", [reached], to=ir.DataType.FLOAT.value)
+    spread = add("Unsqueeze", [one_hot, constant("at", np.array([2], np.int64))])
+    weighted = add("Mul", [spread, constant("w3", per_tree_w3)])
+    values = add("ReduceSum", [weighted, constant("over", np.array([-1], np.int64))], keepdims=0)
+    back = add("Transpose", [values], perm=[0, 2, 1])
+
+    graph.insert_before(removed[0], nodes)
+    back.shape, back.type = result.shape, result.type
+    result.replace_all_uses_with(back, replace_graph_outputs=True)
+    name = result.name
+    graph.remove(removed, safe=True)
+    back.name = name
+
+
+def _attribute(name: str, value) -> ir.Attr:
+    if isinstance(value, list):
+        return ir.AttrInt64s(name, value)
+    return ir.AttrInt64(name, int(value))
+

@@ -1,0 +1,130 @@
+"""Front end: Hummingbird's GEMM strategy for trees (three batch-last products) becomes per-tree
+products batch first (frontend/batch_first_trees.py); the pipeline keeps that form only when its
+products all become kernels, and otherwise optimizes the original (pipeline._tree_products_left).
+
+Checked against onnxruntime running the original: the rewritten model alone, on a small forest
+written as Hummingbird writes it and on Hummingbird's own exports in models/exported/, and the
+optimized output end to end, bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from frontend_helpers import as_exported
+from onnx_builder import const_i64, model, node
+from test_ieee_order import assert_bitwise_equal, original_session
+
+from onnxfuse import InferenceSession, optimize
+from onnxfuse.frontend.batch_first_trees import NODE_PREFIX
+from onnxfuse.frontend.canonicalize import canonicalize
+from onnxfuse.frontend.loader import load_model
+
+CORPUS = Path(__file__).resolve().parent.parent / "models" / "exported"
+FEATURES, TREES, CLASSES = 5, 3, 2
+# A depth-2 tree as Hummingbird encodes it: internal nodes 0 (root), 1 (left), 2 (right); a leaf's
+# row holds +1 where its path turns left (the decision holds), -1 where it turns right, and it is
+# reached when the sum over the decisions equals its count of left turns.
+PATHS = np.array([[1, 1, 0], [1, -1, 0], [-1, 0, 1], [-1, 0, -1]], np.float32)
+LEFT_TURNS = np.array([2, 1, 1, 0], np.float32)
+
+
+def forest(batch_in_reshape: int = -1, alpha: float = 1.0, second_reader: bool = False,
+           compare: str = "LessOrEqual") -> onnx.ModelProto:
+    """TREES depth-2 trees over FEATURES features, the classes' sums over trees [N, CLASSES], in
+    the nodes and layout Hummingbird's `gemm` strategy writes."""
+    rng = np.random.default_rng(0)
+    internal, leaves = PATHS.shape[1], PATHS.shape[0]
+    selector = np.zeros((TREES * internal, FEATURES), np.float32)
+    selector[np.arange(TREES * internal), rng.integers(0, FEATURES, TREES * internal)] = 1
+    inits = {
+        "w1": selector, "b1": rng.standard_normal((TREES * internal, 1)).astype(np.float32),
+        "w2": np.stack([PATHS] * TREES), "b2": np.tile(LEFT_TURNS, TREES).reshape(-1, 1),
+        "w3": rng.standard_normal((TREES, CLASSES, leaves)).astype(np.float32),
+        "split": const_i64(TREES, internal, batch_in_reshape), "flat": const_i64(TREES * leaves, -1),
+        "unflat": const_i64(TREES, leaves, -1), "trees": const_i64(0),
+    }
+    nodes = [node("Gemm", ["w1", "x"], "g", alpha=alpha, transB=1), node(compare, ["g", "b1"], "d"),
+             node("Reshape", ["d", "split"], "ds"), node("Cast", ["ds"], "df", to=onnx.TensorProto.FLOAT),
+             node("MatMul", ["w2", "df"], "counts"), node("Reshape", ["counts", "flat"], "cf"),
+             node("Equal", ["b2", "cf"], "hit"), node("Reshape", ["hit", "unflat"], "hs"),
+             node("Cast", ["hs"], "onehot", to=onnx.TensorProto.FLOAT), node("MatMul", ["w3", "onehot"], "values"),
+             node("ReduceSum", ["values", "trees"], "sums", keepdims=0), node("Transpose", ["sums"], "y", perm=[1, 0])]
+    outputs = {"y": ("N", CLASSES)}
+    if second_reader:
+        nodes.append(node("Not", ["d"], "z"))
+        outputs["z"] = [TREES * internal, "N"]
+    return model(nodes, {"x": ("N", FEATURES)}, outputs, inits, opset=13)
+
+
+def rewritten(m: onnx.ModelProto) -> bool:
+    return any(n.name.startswith(NODE_PREFIX) for n in load_model(m).nodes)
+
+
+def features(batch: int, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((batch, FEATURES)).astype(np.float32)
+
+
+def test_the_forest_is_computed_per_tree_batch_first_with_the_originals_bits():
+    for m in (forest(), as_exported(forest()), forest(compare="Less")):
+        types = [n.op_type for n in load_model(m).nodes]
+        assert "Gemm" not in types and types.count("MatMul") == 2 and "Transpose" in types
+        canonical = ort.InferenceSession(canonicalize(m).SerializeToString(), providers=["CPUExecutionProvider"])
+        original = original_session(m)
+        for batch in (1, 7, 64):
+            x = features(batch)
+            assert_bitwise_equal(canonical.run(None, {"x": x})[0], original.run(None, {"x": x})[0])
+
+
+@pytest.mark.parametrize("case", [dict(batch_in_reshape=8), dict(alpha=2.0), dict(second_reader=True)])
+def test_other_chains_stay_batch_last(case):
+    assert not rewritten(forest(**case))
+
+
+def test_the_pass_can_be_turned_off():
+    assert not any(n.name.startswith(NODE_PREFIX) for n in load_model(forest(), batch_first_trees=False).nodes)
+
+
+@pytest.mark.parametrize("name", ["hb_gbdt_gemm", "hb_lgbm_gemm", "hb_xgb_gemm"])
+def test_hummingbird_exports_rewritten_keep_onnxruntimes_bits(name):
+    """Under plain onnxruntime, on the export's recorded inputs (batch 64: some of these exports
+    bake that batch into a later node, so onnxruntime runs them at no other)."""
+    m = onnx.load(str(CORPUS / f"{name}.onnx"))
+    assert rewritten(m)
+    feeds = dict(np.load(CORPUS / f"{name}.inputs.npz"))
+    canonical = ort.InferenceSession(canonicalize(m).SerializeToString(), providers=["CPUExecutionProvider"])
+    for got, expected in zip(canonical.run(None, feeds), original_session(m).run(None, feeds)):
+        assert_bitwise_equal(got, expected)
+
+
+def test_a_deep_forest_stays_batch_last():
+    """hb_rf_gemm's trees (146 internal nodes, 147 leaves) pad past MAX_PADDED_COLUMNS."""
+    assert not rewritten(onnx.load(str(CORPUS / "hb_rf_gemm.onnx")))
+
+
+def test_optimized_forest_runs_its_products_in_kernels_with_the_originals_bits(tmp_path):
+    onnx.save(forest(), str(tmp_path / "f.onnx"))
+    result = optimize(tmp_path / "f.onnx", tmp_path / "f.fused.onnx", cache_dir=False, jobs=1)
+    products = [g for g in result.report["groups"] if "MatMul" in g["op_types"]]
+    assert len(products) == 2 and all(g["status"] in ("compiled", "cached") for g in products), result.report["groups"]
+    fused = InferenceSession(str(result.model_path), providers=["CPUExecutionProvider"])
+    original = original_session(forest())
+    for batch in (1, 5, 64, 300):
+        x = features(batch, seed=batch)
+        assert_bitwise_equal(fused.run(None, {"x": x})[0], original.run(None, {"x": x})[0])
+
+
+def test_products_left_to_onnxruntime_mean_the_original_is_optimized(tmp_path):
+    """With one op per group nothing fuses, so the per-tree products would run in onnxruntime,
+    where they are slower than the original's: the output keeps the original's nodes."""
+    onnx.save(forest(), str(tmp_path / "f.onnx"))
+    result = optimize(tmp_path / "f.onnx", tmp_path / "f.fused.onnx", cache_dir=False, jobs=1, max_depth=1)
+    written = onnx.load(str(result.model_path))
+    assert [n.op_type for n in written.graph.node][:1] == ["Gemm"]
+    assert not any(n.name.startswith(NODE_PREFIX) for n in written.graph.node)
+    x = features(9)
+    assert_bitwise_equal(InferenceSession(str(result.model_path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0],
+                         original_session(forest()).run(None, {"x": x})[0])
