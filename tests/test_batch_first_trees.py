@@ -24,25 +24,35 @@ from onnxfuse.frontend.canonicalize import canonicalize
 from onnxfuse.frontend.loader import load_model
 
 CORPUS = Path(__file__).resolve().parent.parent / "models" / "exported"
-FEATURES, TREES, CLASSES = 5, 3, 2
-# A depth-2 tree as Hummingbird encodes it: internal nodes 0 (root), 1 (left), 2 (right); a leaf's
-# row holds +1 where its path turns left (the decision holds), -1 where it turns right, and it is
-# reached when the sum over the decisions equals its count of left turns.
-PATHS = np.array([[1, 1, 0], [1, -1, 0], [-1, 0, 1], [-1, 0, -1]], np.float32)
-LEFT_TURNS = np.array([2, 1, 1, 0], np.float32)
+FEATURES, TREES, CLASSES, DEPTH = 5, 3, 2, 4
+
+
+def tree_paths(depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """A complete tree of `depth` as Hummingbird encodes it: internal nodes numbered level by
+    level, leaves left to right; a leaf's row holds +1 at each node where its path turns left
+    (the decision holds), -1 where it turns right, and it is reached when the sum over the
+    decisions equals its count of left turns (the second array)."""
+    leaves, internal = 2**depth, 2**depth - 1
+    paths = np.zeros((leaves, internal), np.float32)
+    for leaf in range(leaves):
+        for level in range(depth):
+            turn = (leaf >> (depth - 1 - level)) & 1
+            paths[leaf, 2**level - 1 + (leaf >> (depth - level))] = -1 if turn else 1
+    return paths, (paths == 1).sum(axis=1).astype(np.float32)
 
 
 def forest(batch_in_reshape: int = -1, alpha: float = 1.0, second_reader: bool = False,
-           compare: str = "LessOrEqual") -> onnx.ModelProto:
-    """TREES depth-2 trees over FEATURES features, the classes' sums over trees [N, CLASSES], in
+           compare: str = "LessOrEqual", depth: int = DEPTH) -> onnx.ModelProto:
+    """TREES trees of DEPTH over FEATURES features, the classes' sums over trees [N, CLASSES], in
     the nodes and layout Hummingbird's `gemm` strategy writes."""
     rng = np.random.default_rng(0)
-    internal, leaves = PATHS.shape[1], PATHS.shape[0]
+    paths, left_turns = tree_paths(depth)  # at DEPTH 4: 15 internal nodes, 16 leaves
+    internal, leaves = paths.shape[1], paths.shape[0]
     selector = np.zeros((TREES * internal, FEATURES), np.float32)
     selector[np.arange(TREES * internal), rng.integers(0, FEATURES, TREES * internal)] = 1
     inits = {
         "w1": selector, "b1": rng.standard_normal((TREES * internal, 1)).astype(np.float32),
-        "w2": np.stack([PATHS] * TREES), "b2": np.tile(LEFT_TURNS, TREES).reshape(-1, 1),
+        "w2": np.stack([paths] * TREES), "b2": np.tile(left_turns, TREES).reshape(-1, 1),
         "w3": rng.standard_normal((TREES, CLASSES, leaves)).astype(np.float32),
         "split": const_i64(TREES, internal, batch_in_reshape), "flat": const_i64(TREES * leaves, -1),
         "unflat": const_i64(TREES, leaves, -1), "trees": const_i64(0),
@@ -103,6 +113,12 @@ def test_hummingbird_exports_rewritten_keep_onnxruntimes_bits(name):
 def test_a_deep_forest_stays_batch_last():
     """hb_rf_gemm's trees (146 internal nodes, 147 leaves) pad past MAX_PADDED_COLUMNS."""
     assert not rewritten(onnx.load(str(CORPUS / "hb_rf_gemm.onnx")))
+
+
+def test_shallow_trees_stay_batch_last():
+    """hb_gbdt_defaults' depth-3 trees (7 internal nodes, 8 leaves) would pad 4.6x (MAX_PADDING)."""
+    assert not rewritten(onnx.load(str(CORPUS / "hb_gbdt_defaults.onnx")))
+    assert not rewritten(forest(depth=2))
 
 
 def test_optimized_forest_runs_its_products_in_kernels_with_the_originals_bits(tmp_path):

@@ -118,21 +118,30 @@ def _in_tmpdir():
             os.chdir(cwd)
 
 
-def _hummingbird(stem, model, description, lib_versions, X, rows, entries, only):
+DEFAULTS_NAME = "hb_gbdt_defaults"
+"""scikit-learn's GradientBoostingClassifier with its defaults (100 trees of depth 3) through
+Hummingbird with its defaults: for trees that shallow Hummingbird picks its GEMM strategy, so
+this is the form most users of the two get."""
+
+
+def _hummingbird(stem, model, description, lib_versions, X, rows, entries, only, strategies=STRATEGIES,
+                 name_of=None):
+    """Hummingbird's export of `model` with each of `strategies` (None: Hummingbird's own choice)."""
     import hummingbird.ml
     import onnx
     import torch
 
-    for strategy in STRATEGIES:
-        name = f"hb_{stem}_{strategy}"
+    for strategy in strategies:
+        name = name_of(strategy) if name_of else f"hb_{stem}_{strategy}"
         if only and name not in only:
             continue
         path = os.path.join(HERE, f"{name}.onnx")
+        extra_config = {"tree_implementation": strategy} if strategy else {}
         entry = {
             "exporter": "hummingbird.ml.convert(model, 'onnx', X_sample, extra_config)",
             "versions": dict(_versions(*lib_versions), **{
                 "hummingbird-ml": _version("hummingbird-ml"), "torch": torch.__version__}),
-            "options": {"extra_config": {"tree_implementation": strategy},
+            "options": {"extra_config": extra_config,
                         "X_sample": f"first {N_ROWS} training rows",
                         "torch.onnx.export": "dynamo=False forced around hummingbird "
                                              "(torch 2.13 defaults to dynamo=True); opset is "
@@ -153,8 +162,7 @@ def _hummingbird(stem, model, description, lib_versions, X, rows, entries, only)
             torch.manual_seed(SEED)
             with warnings.catch_warnings(), _legacy_torch_export(), _in_tmpdir():
                 warnings.simplefilter("ignore")
-                container = hummingbird.ml.convert(model, "onnx", rows,
-                                                   extra_config={"tree_implementation": strategy})
+                container = hummingbird.ml.convert(model, "onnx", rows, extra_config=dict(extra_config))
             onnx.save(container.model, path)
             input_name = container.model.graph.input[0].name
             ref = [model.predict(rows).astype(np.int64),
@@ -212,6 +220,15 @@ def build(only=None) -> dict:
             model = make().fit(X, y)
         fitted[stem] = model
         _hummingbird(stem, model, description, lib_versions, X, rows, entries, only)
+    if not only or DEFAULTS_NAME in only:
+        from sklearn.ensemble import GradientBoostingClassifier
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = GradientBoostingClassifier(random_state=SEED).fit(X, y)
+        _hummingbird("gbdt", model, "scikit-learn GradientBoostingClassifier() with its defaults (100 trees, "
+                     "max_depth=3), binary; Hummingbird's default strategy (GEMM for trees this shallow)",
+                     (), X, rows, entries, only, strategies=(None,), name_of=lambda _: DEFAULTS_NAME)
     if "rf" in fitted:
         _skl2onnx("skl2onnx_rf", fitted["rf"],
                   "the same RandomForestClassifier(100 trees, depth 8) as hb_rf_*, as one "

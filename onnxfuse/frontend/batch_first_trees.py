@@ -45,18 +45,23 @@ NODE_PREFIX = "batch_first_trees/"
 COMPARISONS = ("Less", "LessOrEqual", "Greater", "GreaterOrEqual")
 VECTOR = 16  # columns are padded to a multiple of this many floats (one AVX-512 vector)
 MAX_PADDED_COLUMNS = 64
-"""Trees whose padded internal nodes or leaves exceed this stay as they are. Measured at batch 64
-(1 thread, paired rounds, the kernels against the original under onnxruntime): 50 trees with 15 /
-30 internal nodes (GradientBoosting depth 4, LightGBM 31 leaves) 1.5-1.6x; XGBoost depth 6 (51
-internal nodes, padded to 64) see docs/benchmarks.md; a random forest of depth 8 (146 internal
-nodes, 147 leaves) ran 0.66x: its per-tree weights (160 x 160) no longer stay in cache across
-the row tiles, which run every tree in turn."""
+MAX_PADDING = 2.0
+"""Trees whose padded internal nodes or leaves exceed MAX_PADDED_COLUMNS, or whose padded
+products are more than MAX_PADDING times the unpadded ones ((J' L') / (J L)), stay as they are.
+Measured at batch 64 (default sweep, 1 thread, against the original under onnxruntime):
+GradientBoosting depth 4 (50 trees, J = 15, L = 16: padding 1.07) 1.75x; LightGBM 31 leaves
+(J = 30, L = 31: 1.10) 1.63x; XGBoost depth 6 (J = 51, L = 52, padded to 64: 1.54) 1.04x. Not
+rewritten: scikit-learn's default GradientBoosting (100 trees of depth 3, J = 7, L = 8, padded to
+16: 4.57) ran 0.97x at batch 64 and 0.66x at 1,000, its 100 per-tree products of 16 x 16 mostly
+zeros; a random forest of depth 8 (J = 146, L = 147, padded to 160) 0.66x at 64, its per-tree
+weights no longer in cache across row tiles."""
 
 
 class BatchFirstTreesPass(ir.passes.InPlacePass):
-    """Guarantee: every chain of the shape above in the main graph, whose padded tree sizes are at
-    most MAX_PADDED_COLUMNS and whose Reshapes keep the batch as `-1`, is computed batch first per
-    tree; its final product's value is the same tensor, now a Transpose's output."""
+    """Guarantee: every chain of the shape above in the main graph, whose padded tree sizes are
+    within MAX_PADDED_COLUMNS and MAX_PADDING and whose Reshapes keep the batch as `-1`, is
+    computed batch first per tree; its final product's value is the same tensor, now a
+    Transpose's output."""
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         modified = False
@@ -152,7 +157,8 @@ def _match(gemm: ir.Node) -> dict | None:
             or b2.shape != (t * leaves, 1) or w3 is None or w3.ndim != 3 or w3.shape[0] != t
             or w3.shape[2] != leaves or w2.dtype != np.float32 or w3.dtype != np.float32):
         return None
-    if max(_padded(j), _padded(leaves)) > MAX_PADDED_COLUMNS:
+    if max(_padded(j), _padded(leaves)) > MAX_PADDED_COLUMNS \
+            or _padded(j) * _padded(leaves) > MAX_PADDING * j * leaves:
         return None
     return {"x": x, "w1": w1, "compare": compare, "compare_position": compare_position, "b1": b1,
             "trees": t, "internal": j, "w2": w2, "equal": equal, "equal_position": equal_position, "b2": b2,
