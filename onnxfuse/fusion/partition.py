@@ -25,6 +25,9 @@ Beyond TVM (each switchable in `FusionOptions`):
 - row reductions: a reduction that keeps the batch axis takes its elementwise and broadcast
   consumers up to its post-dominator, and the row reductions on the way, so a LayerNorm or a
   softmax written as plain ops is one group (TVM never fuses a reduction's result);
+- reduction epilogues: an anchor's epilogue may end in a row reduction that post-dominates it
+  through elementwise and broadcast ops only (Hummingbird's per-tree leaf values, one-hot times
+  values summed over the leaves; an MLP's ArgMax), which TVM leaves to a group of its own;
 - row prologues: a group of row-local ops (elementwise, broadcast, row reductions: a LayerNorm)
   whose results are read by one row-local GEMM alone, as its data operand, joins that GEMM's
   group after both phases. A row tile of the kernel computes its rows of the prologue, then
@@ -85,6 +88,7 @@ class FusionOptions:
     row_prologues: bool = True
     gemm_chains: bool = True
     view_epilogues: bool = True
+    reduction_epilogues: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_depth", "max_inputs", "max_duplication"):
@@ -241,6 +245,10 @@ class Partitioner:
                                  f"anchors in sequence stay apart")
             return
         edge = dom.epilogue if self.options.split_fanout else dom.pattern
+        if edge == OpKind.COMM_REDUCE and self.options.reduction_epilogues and self._is_row_reduction(sink):
+            self._fuse_if_path(pos, sink, lambda root, is_sink: root.pattern == OpKind.COMM_REDUCE and not root.anchored
+                               if is_sink else root.pattern <= OpKind.BROADCAST)
+            return
         if edge != OpKind.ELEMWISE:
             self.reasons[pos] = (
                 f"{self._op(pos)} absorbs only elementwise consumers; the way to its "
@@ -297,6 +305,12 @@ class Partitioner:
                 return False
             return root.keeps_rows if root.pattern == OpKind.COMM_REDUCE else root.pattern <= OpKind.BROADCAST
         self._fuse_if_path(pos, sink, allowed)
+
+    def _is_row_reduction(self, pos: int) -> bool:
+        """A reduction that keeps the batch axis: an anchor's epilogue may end in it (reduction
+        epilogues)."""
+        fnode = self.fg.nodes[pos]
+        return fnode.kind == OpKind.COMM_REDUCE and fnode.keeps_rows
 
     # -- the path check and the commit ----------------------------------------------------------
     def _fuse_if_path(self, src: int, sink: int, allowed) -> None:
