@@ -19,12 +19,13 @@ from onnx_builder import const_i64, model, node
 from test_ieee_order import assert_bitwise_equal, original_session
 
 from onnxfuse import InferenceSession, optimize
-from onnxfuse.frontend.batch_first_trees import NODE_PREFIX
+from onnxfuse.frontend.batch_first_trees import NODE_PREFIX, trees_per_pack
 from onnxfuse.frontend.canonicalize import canonicalize
 from onnxfuse.frontend.loader import load_model
 
 CORPUS = Path(__file__).resolve().parent.parent / "models" / "exported"
 FEATURES, TREES, CLASSES, DEPTH = 5, 3, 2, 4
+PACKED = dict(depth=3, trees=5, feature_count=28)  # two trees a pack, the last pack half empty
 
 
 def tree_paths(depth: int) -> tuple[np.ndarray, np.ndarray]:
@@ -42,20 +43,21 @@ def tree_paths(depth: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def forest(batch_in_reshape: int = -1, alpha: float = 1.0, second_reader: bool = False,
-           compare: str = "LessOrEqual", depth: int = DEPTH) -> onnx.ModelProto:
-    """TREES trees of DEPTH over FEATURES features, the classes' sums over trees [N, CLASSES], in
+           compare: str = "LessOrEqual", depth: int = DEPTH, trees: int = TREES,
+           feature_count: int = FEATURES) -> onnx.ModelProto:
+    """`trees` trees of `depth` over `feature_count` features, the classes' sums over trees [N, CLASSES], in
     the nodes and layout Hummingbird's `gemm` strategy writes."""
     rng = np.random.default_rng(0)
     paths, left_turns = tree_paths(depth)  # at DEPTH 4: 15 internal nodes, 16 leaves
     internal, leaves = paths.shape[1], paths.shape[0]
-    selector = np.zeros((TREES * internal, FEATURES), np.float32)
-    selector[np.arange(TREES * internal), rng.integers(0, FEATURES, TREES * internal)] = 1
+    selector = np.zeros((trees * internal, feature_count), np.float32)
+    selector[np.arange(trees * internal), rng.integers(0, feature_count, trees * internal)] = 1
     inits = {
-        "w1": selector, "b1": rng.standard_normal((TREES * internal, 1)).astype(np.float32),
-        "w2": np.stack([paths] * TREES), "b2": np.tile(left_turns, TREES).reshape(-1, 1),
-        "w3": rng.standard_normal((TREES, CLASSES, leaves)).astype(np.float32),
-        "split": const_i64(TREES, internal, batch_in_reshape), "flat": const_i64(TREES * leaves, -1),
-        "unflat": const_i64(TREES, leaves, -1), "trees": const_i64(0),
+        "w1": selector, "b1": rng.standard_normal((trees * internal, 1)).astype(np.float32),
+        "w2": np.stack([paths] * trees), "b2": np.tile(left_turns, trees).reshape(-1, 1),
+        "w3": rng.standard_normal((trees, CLASSES, leaves)).astype(np.float32),
+        "split": const_i64(trees, internal, batch_in_reshape), "flat": const_i64(trees * leaves, -1),
+        "unflat": const_i64(trees, leaves, -1), "trees": const_i64(0),
     }
     nodes = [node("Gemm", ["w1", "x"], "g", alpha=alpha, transB=1), node(compare, ["g", "b1"], "d"),
              node("Reshape", ["d", "split"], "ds"), node("Cast", ["ds"], "df", to=onnx.TensorProto.FLOAT),
@@ -66,16 +68,16 @@ def forest(batch_in_reshape: int = -1, alpha: float = 1.0, second_reader: bool =
     outputs = {"y": ("N", CLASSES)}
     if second_reader:
         nodes.append(node("Not", ["d"], "z"))
-        outputs["z"] = [TREES * internal, "N"]
-    return model(nodes, {"x": ("N", FEATURES)}, outputs, inits, opset=13)
+        outputs["z"] = [trees * internal, "N"]
+    return model(nodes, {"x": ("N", feature_count)}, outputs, inits, opset=13)
 
 
 def rewritten(m: onnx.ModelProto) -> bool:
     return any(n.name.startswith(NODE_PREFIX) for n in load_model(m).nodes)
 
 
-def features(batch: int, seed: int = 1) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((batch, FEATURES)).astype(np.float32)
+def features(batch: int, seed: int = 1, count: int = FEATURES) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((batch, count)).astype(np.float32)
 
 
 def test_the_forest_is_computed_per_tree_batch_first_with_the_originals_bits():
@@ -98,7 +100,7 @@ def test_the_pass_can_be_turned_off():
     assert not any(n.name.startswith(NODE_PREFIX) for n in load_model(forest(), batch_first_trees=False).nodes)
 
 
-@pytest.mark.parametrize("name", ["hb_gbdt_gemm", "hb_lgbm_gemm", "hb_xgb_gemm"])
+@pytest.mark.parametrize("name", ["hb_gbdt_gemm", "hb_lgbm_gemm", "hb_xgb_gemm", "hb_gbdt_defaults"])
 def test_hummingbird_exports_rewritten_keep_onnxruntimes_bits(name):
     """Under plain onnxruntime, on the export's recorded inputs (batch 64: some of these exports
     bake that batch into a later node, so onnxruntime runs them at no other)."""
@@ -115,21 +117,37 @@ def test_a_deep_forest_stays_batch_last():
     assert not rewritten(onnx.load(str(CORPUS / "hb_rf_gemm.onnx")))
 
 
-def test_shallow_trees_stay_batch_last():
-    """hb_gbdt_defaults' depth-3 trees (7 internal nodes, 8 leaves) would pad 4.6x (MAX_PADDING)."""
-    assert not rewritten(onnx.load(str(CORPUS / "hb_gbdt_defaults.onnx")))
+def test_shallow_trees_share_their_products_two_by_two():
+    """Depth-3 trees (7 internal nodes, 8 leaves) padded to 16 columns each would do 4.6 times
+    the work; two trees side by side fill the 16 columns (trees_per_pack). Five trees make three
+    packs, the last with an empty place that the rewrite slices off."""
+    assert trees_per_pack(100, 28, 7, 8) == 2 and trees_per_pack(50, 28, 15, 16) == 1
+    m = forest(**PACKED)
+    types = [n.op_type for n in load_model(m).nodes]
+    assert "Gemm" not in types and "Slice" in types
+    canonical = ort.InferenceSession(canonicalize(m).SerializeToString(), providers=["CPUExecutionProvider"])
+    original = original_session(m)
+    for batch in (1, 7, 64):
+        x = features(batch, count=28)
+        assert_bitwise_equal(canonical.run(None, {"x": x})[0], original.run(None, {"x": x})[0])
+
+
+def test_trees_too_small_for_any_packing_stay_batch_last():
+    """Depth-2 trees over 5 features: even packed, the padded products are over twice the work."""
+    assert trees_per_pack(TREES, FEATURES, 3, 4) is None
     assert not rewritten(forest(depth=2))
 
 
-def test_optimized_forest_runs_its_products_in_kernels_with_the_originals_bits(tmp_path):
-    onnx.save(forest(), str(tmp_path / "f.onnx"))
+@pytest.mark.parametrize("shape", [{}, PACKED])
+def test_optimized_forest_runs_its_products_in_kernels_with_the_originals_bits(tmp_path, shape):
+    onnx.save(forest(**shape), str(tmp_path / "f.onnx"))
     result = optimize(tmp_path / "f.onnx", tmp_path / "f.fused.onnx", cache_dir=False, jobs=1)
     products = [g for g in result.report["groups"] if "MatMul" in g["op_types"]]
     assert len(products) == 2 and all(g["status"] in ("compiled", "cached") for g in products), result.report["groups"]
     fused = InferenceSession(str(result.model_path), providers=["CPUExecutionProvider"])
-    original = original_session(forest())
+    original = original_session(forest(**shape))
     for batch in (1, 5, 64, 300):
-        x = features(batch, seed=batch)
+        x = features(batch, seed=batch, count=shape.get("feature_count", FEATURES))
         assert_bitwise_equal(fused.run(None, {"x": x})[0], original.run(None, {"x": x})[0])
 
 

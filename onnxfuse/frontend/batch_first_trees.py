@@ -1,4 +1,4 @@
-"""Pass: Hummingbird's GEMM strategy for trees, rewritten batch first with one product per tree.
+"""Pass: Hummingbird's GEMM strategy for trees, rewritten batch first, a few trees per product.
 
 Hummingbird's `gemm` strategy (its default for shallow trees) computes a forest as three matrix
 products over the batch held in the *last* axis:
@@ -11,25 +11,27 @@ products over the batch held in the *last* axis:
     MatMul(W3 [T, C, L], .)                  -> [T, C, N]   its value
 
 Batch-last, every access of our schedule strides by the batch (select/auto leaves such nodes to
-onnxruntime). The same numbers, batch first and per tree, are products whose columns are the
-tree's J internal nodes and L leaves, static and small:
+onnxruntime). The same numbers batch first are products whose columns are the trees' internal
+nodes and leaves, static and small. `g` trees share a product (a pack, trees_per_pack), their
+columns side by side and padded to whole vectors; P = ceil(T / g) packs:
 
-    MatMul(X, W1' [T, K, J'])                -> [T, N, J']  J' = J padded to whole vectors
-    compare(b1' [T, 1, J']), Cast, Slice to J
-    MatMul(., W2' [T, J, L'])                -> [T, N, L']
-    Equal(b2' [T, 1, L']), Cast, Slice to L
-    Mul(Unsqueeze(., 2), W3' [T, 1, C, L]), ReduceSum over L -> [T, N, C]
-    Transpose to [T, C, N]                                  the original's value, for the rest
+    MatMul(X, W1' [P, K, J'])                -> [P, N, J']  J' = g J padded to whole vectors
+    compare(b1' [P, 1, J']), Cast
+    MatMul(., W2' [P, J', L'])               -> [P, N, L']  block diagonal: tree i's rows meet its columns
+    Equal(b2' [P, 1, L']), Cast
+    Mul(Unsqueeze(., [2, 3]), W3' [P, 1, g, C, L']), ReduceSum over L' -> [P, N, g, C]
+    Transpose, Reshape [P g, C, -1] (and Slice to T)        the original's [T, C, N], for the rest
 
 The last product becomes a Mul and a sum: its C columns (1 or 2) fill no vector, and the sum
-fuses into the kernel of the second product's epilogue. The padded columns compute from zero
-weights and are sliced off before anything reads them; every other number is computed from the
-same operands, each product summing its k's in order as onnxruntime's does, and the one-hot sum
-of the leaf values is exact in any order (the kernels are checked bit for bit all the same).
+ends the second product's kernel (partition: reduction epilogues). A padded column or an empty
+place computes from zero weights and meets zero weights in the next step, and a padded leaf is
+never reached; every other number is computed from the same operands, each product summing its
+k's in order as onnxruntime's does, and the one-hot sum of the leaf values is exact in any order
+(the kernels are checked bit for bit all the same).
 
 Under onnxruntime the rewritten form runs slower than the original (0.5-0.7x at batch 64: its
 batched MatMul over T small products costs more than one Gemm), so the rewrite only pays as
-kernels. The pipeline therefore keeps it only when every node it wrote ends in a kernel and
+kernels. The pipeline therefore keeps it only when every product it wrote ends in a kernel and
 otherwise optimizes the original (`pipeline.run_pipeline`); the nodes it writes carry names
 starting with `NODE_PREFIX` for that check.
 """
@@ -46,14 +48,14 @@ COMPARISONS = ("Less", "LessOrEqual", "Greater", "GreaterOrEqual")
 VECTOR = 16  # columns are padded to a multiple of this many floats (one AVX-512 vector)
 MAX_PADDED_COLUMNS = 64
 MAX_PADDING = 2.0
-"""Trees whose padded internal nodes or leaves exceed MAX_PADDED_COLUMNS, or whose padded
-products are more than MAX_PADDING times the unpadded ones ((J' L') / (J L)), stay as they are.
-Measured at batch 64 (default sweep, 1 thread, against the original under onnxruntime):
-GradientBoosting depth 4 (50 trees, J = 15, L = 16: padding 1.07) 1.75x; LightGBM 31 leaves
-(J = 30, L = 31: 1.10) 1.63x; XGBoost depth 6 (J = 51, L = 52, padded to 64: 1.54) 1.04x. Not
-rewritten: scikit-learn's default GradientBoosting (100 trees of depth 3, J = 7, L = 8, padded to
-16: 4.57) ran 0.97x at batch 64 and 0.66x at 1,000, its 100 per-tree products of 16 x 16 mostly
-zeros; a random forest of depth 8 (J = 146, L = 147, padded to 160) 0.66x at 64, its per-tree
+"""A pack's padded internal nodes or leaves stay within MAX_PADDED_COLUMNS, and a forest whose
+products, packed as well as they can be, do more than MAX_PADDING times the unpadded
+multiply-adds stays as it is. Measured at batch 64 (1 thread, against the original under
+onnxruntime): GradientBoosting depth 4 (50 trees, J = 15, L = 16: one a pack, 1.07 times the
+work) 1.78x; LightGBM 31 leaves (J = 30, L = 31: 1.08) 1.69x; XGBoost depth 6 (J = 51, L = 52,
+padded to 64: 1.44) 1.13x; scikit-learn's default GradientBoosting (100 trees of depth 3, J = 7,
+L = 8: two a pack, 1.40) 1.6x, where one a pack (2.8) ran 0.97x. A random forest of depth 8
+(J = 146, L = 147) pads past 64 and stays: at 160 columns its per-tree products ran 0.66x, the
 weights no longer in cache across row tiles."""
 
 
@@ -157,19 +159,39 @@ def _match(gemm: ir.Node) -> dict | None:
             or b2.shape != (t * leaves, 1) or w3 is None or w3.ndim != 3 or w3.shape[0] != t
             or w3.shape[2] != leaves or w2.dtype != np.float32 or w3.dtype != np.float32):
         return None
-    if max(_padded(j), _padded(leaves)) > MAX_PADDED_COLUMNS \
-            or _padded(j) * _padded(leaves) > MAX_PADDING * j * leaves:
+    pack = trees_per_pack(t, w1.shape[1], j, leaves)
+    if pack is None:
         return None
     return {"x": x, "w1": w1, "compare": compare, "compare_position": compare_position, "b1": b1,
-            "trees": t, "internal": j, "w2": w2, "equal": equal, "equal_position": equal_position, "b2": b2,
+            "trees": t, "internal": j, "pack": pack, "w2": w2, "equal": equal, "equal_position": equal_position, "b2": b2,
             "w3": w3, "removed": [gemm, compare, split, decisions, counts, flat, equal, unflat, reached, values]}
 
 
+def _packed_work(trees: int, features: int, internal: int, leaves: int, pack: int) -> int:
+    """Multiply-adds per row of the two products with `pack` trees side by side: ceil(T / pack)
+    packs, each a [features, pad(pack J)] and a block-diagonal [pad(pack J), pad(pack L)] product."""
+    columns, leaf_columns = _padded(pack * internal), _padded(pack * leaves)
+    return -(-trees // pack) * (features * columns + columns * leaf_columns)
+
+
+def trees_per_pack(trees: int, features: int, internal: int, leaves: int) -> int | None:
+    """How many trees share one product (their columns side by side, whole vectors between
+    them), the one with the least padded work; None where even that exceeds MAX_PADDING times the
+    unpadded work or a pack's columns exceed MAX_PADDED_COLUMNS."""
+    useful = trees * (features * internal + internal * leaves)
+    fitting = [p for p in range(1, trees + 1) if _padded(p * max(internal, leaves)) <= MAX_PADDED_COLUMNS]
+    if not fitting:
+        return None
+    best = min(fitting, key=lambda p: (_packed_work(trees, features, internal, leaves, p), p))
+    return best if _packed_work(trees, features, internal, leaves, best) <= MAX_PADDING * useful else None
+
+
 def _rewrite(graph: ir.Graph, chain: dict) -> None:
-    t, j = chain["trees"], chain["internal"]
+    t, j, g = chain["trees"], chain["internal"], chain["pack"]
     w1, w2, w3 = chain["w1"], chain["w2"], chain["w3"]
     k, leaves, classes = w1.shape[1], w2.shape[1], w3.shape[1]
-    pj, pl = _padded(j), _padded(leaves)
+    packs = -(-t // g)
+    pj, pl = _padded(g * j), _padded(g * leaves)
     taken = used_names(graph)
     removed = chain["removed"]
     result = removed[-1].outputs[0]
@@ -178,16 +200,23 @@ def _rewrite(graph: ir.Graph, chain: dict) -> None:
     def constant(part: str, array: np.ndarray) -> ir.Value:
         return add_initializer(graph, f"{base}__{part}", array, taken)
 
-    per_tree_w1 = np.zeros((t, k, pj), np.float32)
-    per_tree_w1[:, :, :j] = w1.reshape(t, j, k).transpose(0, 2, 1)
-    per_tree_b1 = np.zeros((t, 1, pj), np.float32)
-    per_tree_b1[:, 0, :j] = chain["b1"].reshape(t, j)
-    per_tree_w2 = np.zeros((t, pj, pl), np.float32)
-    per_tree_w2[:, :j, :leaves] = w2.transpose(0, 2, 1)
-    per_tree_b2 = np.zeros((t, 1, pl), np.float32)
-    per_tree_b2[:, 0, :leaves] = chain["b2"].reshape(t, leaves)
-    per_tree_w3 = np.zeros((t, 1, classes, pl), np.float32)
-    per_tree_w3[:, 0, :, :leaves] = w3
+    tree_w1 = w1.reshape(t, j, k).transpose(0, 2, 1)  # [T, K, J]
+    tree_b1 = chain["b1"].reshape(t, j)
+    tree_w2 = w2.transpose(0, 2, 1)  # [T, J, L]
+    tree_b2 = chain["b2"].reshape(t, leaves)
+    per_pack_w1 = np.zeros((packs, k, pj), np.float32)
+    per_pack_b1 = np.zeros((packs, 1, pj), np.float32)
+    per_pack_w2 = np.zeros((packs, pj, pl), np.float32)  # block diagonal: tree i's J rows meet its L columns
+    per_pack_b2 = np.full((packs, 1, pl), -1, np.float32)  # a padded leaf is never reached (its count is 0)
+    per_pack_w3 = np.zeros((packs, 1, g, classes, pl), np.float32)  # tree i's values over its own leaves
+    for tree in range(t):
+        p, i = divmod(tree, g)
+        nodes_at, leaves_at = slice(i * j, (i + 1) * j), slice(i * leaves, (i + 1) * leaves)
+        per_pack_w1[p, :, nodes_at] = tree_w1[tree]
+        per_pack_b1[p, 0, nodes_at] = tree_b1[tree]
+        per_pack_w2[p, nodes_at, leaves_at] = tree_w2[tree]
+        per_pack_b2[p, 0, leaves_at] = tree_b2[tree]
+        per_pack_w3[p, 0, i, :, leaves_at] = w3[tree]
 
     nodes: list[ir.Node] = []
 
@@ -202,16 +231,20 @@ def _rewrite(graph: ir.Graph, chain: dict) -> None:
     def binary(op_type: str, computed: ir.Value, operand: ir.Value, position: int) -> ir.Value:
         return add(op_type, [computed, operand] if position == 0 else [operand, computed])
 
-    products = add("MatMul", [chain["x"], constant("w1", per_tree_w1)])
-    decided = binary(chain["compare"].op_type, products, constant("b1", per_tree_b1), chain["compare_position"])
+    products = add("MatMul", [chain["x"], constant("w1", per_pack_w1)])  # [P, N, J']
+    decided = binary(chain["compare"].op_type, products, constant("b1", per_pack_b1), chain["compare_position"])
     decisions = add("Cast", [decided], to=ir.DataType.FLOAT.value)
-    counts = add("MatMul", [decisions, constant("w2", per_tree_w2)])
-    reached = binary("Equal", counts, constant("b2", per_tree_b2), chain["equal_position"])
+    counts = add("MatMul", [decisions, constant("w2", per_pack_w2)])  # [P, N, L']
+    reached = binary("Equal", counts, constant("b2", per_pack_b2), chain["equal_position"])
     one_hot = add("Cast", [reached], to=ir.DataType.FLOAT.value)
-    spread = add("Unsqueeze", [one_hot, constant("at", np.array([2], np.int64))])
-    weighted = add("Mul", [spread, constant("w3", per_tree_w3)])
-    values = add("ReduceSum", [weighted, constant("over", np.array([-1], np.int64))], keepdims=0)
-    back = add("Transpose", [values], perm=[0, 2, 1])
+    spread = add("Unsqueeze", [one_hot, constant("at", np.array([2, 3], np.int64))])  # [P, N, 1, 1, L']
+    weighted = add("Mul", [spread, constant("w3", per_pack_w3)])  # [P, N, g, C, L']
+    values = add("ReduceSum", [weighted, constant("over", np.array([-1], np.int64))], keepdims=0)  # [P, N, g, C]
+    by_tree = add("Transpose", [values], perm=[0, 2, 3, 1])  # [P, g, C, N]
+    back = add("Reshape", [by_tree, constant("trees", np.array([packs * g, classes, -1], np.int64))])
+    if packs * g != t:  # the last pack's empty places
+        back = add("Slice", [back, constant("first", np.array([0], np.int64)), constant("count", np.array([t], np.int64)),
+                             constant("axis", np.array([0], np.int64))])
 
     graph.insert_before(removed[0], nodes)
     back.shape, back.type = result.shape, result.type
