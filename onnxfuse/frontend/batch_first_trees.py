@@ -60,10 +60,10 @@ weights no longer in cache across row tiles."""
 
 
 class BatchFirstTreesPass(ir.passes.InPlacePass):
-    """Guarantee: every chain of the shape above in the main graph, whose padded tree sizes are
+    """Guarantee: every chain of the shape above in the main graph, whose packed products stay
     within MAX_PADDED_COLUMNS and MAX_PADDING and whose Reshapes keep the batch as `-1`, is
-    computed batch first per tree; its final product's value is the same tensor, now a
-    Transpose's output."""
+    computed batch first in packs of trees; its final product's value is the same tensor,
+    computed by the rewrite's last node."""
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         modified = False
@@ -186,37 +186,46 @@ def trees_per_pack(trees: int, features: int, internal: int, leaves: int) -> int
     return best if _packed_work(trees, features, internal, leaves, best) <= MAX_PADDING * useful else None
 
 
-def _rewrite(graph: ir.Graph, chain: dict) -> None:
+def _packed_weights(chain: dict) -> dict[str, np.ndarray]:
+    """The chain's constants laid out per pack (module doc): tree i of pack p takes columns
+    [i J, (i + 1) J) of the decisions and [i L, (i + 1) L) of the leaves; the rest is padding."""
     t, j, g = chain["trees"], chain["internal"], chain["pack"]
     w1, w2, w3 = chain["w1"], chain["w2"], chain["w3"]
     k, leaves, classes = w1.shape[1], w2.shape[1], w3.shape[1]
-    packs = -(-t // g)
-    pj, pl = _padded(g * j), _padded(g * leaves)
-    taken = used_names(graph)
-    removed = chain["removed"]
-    result = removed[-1].outputs[0]
-    base = result.name or "trees"
-
-    def constant(part: str, array: np.ndarray) -> ir.Value:
-        return add_initializer(graph, f"{base}__{part}", array, taken)
-
+    packs, pj, pl = -(-t // g), _padded(g * j), _padded(g * leaves)
     tree_w1 = w1.reshape(t, j, k).transpose(0, 2, 1)  # [T, K, J]
     tree_b1 = chain["b1"].reshape(t, j)
     tree_w2 = w2.transpose(0, 2, 1)  # [T, J, L]
     tree_b2 = chain["b2"].reshape(t, leaves)
-    per_pack_w1 = np.zeros((packs, k, pj), np.float32)
-    per_pack_b1 = np.zeros((packs, 1, pj), np.float32)
-    per_pack_w2 = np.zeros((packs, pj, pl), np.float32)  # block diagonal: tree i's J rows meet its L columns
-    per_pack_b2 = np.full((packs, 1, pl), -1, np.float32)  # a padded leaf is never reached (its count is 0)
-    per_pack_w3 = np.zeros((packs, 1, g, classes, pl), np.float32)  # tree i's values over its own leaves
+    packed = {
+        "w1": np.zeros((packs, k, pj), np.float32),
+        "b1": np.zeros((packs, 1, pj), np.float32),
+        "w2": np.zeros((packs, pj, pl), np.float32),  # block diagonal: tree i's J rows meet its L columns
+        "b2": np.full((packs, 1, pl), -1, np.float32),  # a padded leaf is never reached (its count is 0)
+        "w3": np.zeros((packs, 1, g, classes, pl), np.float32),  # tree i's values over its own leaves
+    }
     for tree in range(t):
         p, i = divmod(tree, g)
         nodes_at, leaves_at = slice(i * j, (i + 1) * j), slice(i * leaves, (i + 1) * leaves)
-        per_pack_w1[p, :, nodes_at] = tree_w1[tree]
-        per_pack_b1[p, 0, nodes_at] = tree_b1[tree]
-        per_pack_w2[p, nodes_at, leaves_at] = tree_w2[tree]
-        per_pack_b2[p, 0, leaves_at] = tree_b2[tree]
-        per_pack_w3[p, 0, i, :, leaves_at] = w3[tree]
+        packed["w1"][p, :, nodes_at] = tree_w1[tree]
+        packed["b1"][p, 0, nodes_at] = tree_b1[tree]
+        packed["w2"][p, nodes_at, leaves_at] = tree_w2[tree]
+        packed["b2"][p, 0, leaves_at] = tree_b2[tree]
+        packed["w3"][p, 0, i, :, leaves_at] = w3[tree]
+    return packed
+
+
+def _rewrite(graph: ir.Graph, chain: dict) -> None:
+    t, g, classes = chain["trees"], chain["pack"], chain["w3"].shape[1]
+    packs = -(-t // g)
+    taken = used_names(graph)
+    removed = chain["removed"]
+    result = removed[-1].outputs[0]
+    base = result.name or "trees"
+    packed = _packed_weights(chain)
+
+    def constant(part: str, array: np.ndarray) -> ir.Value:
+        return add_initializer(graph, f"{base}__{part}", array, taken)
 
     nodes: list[ir.Node] = []
 
@@ -231,14 +240,14 @@ def _rewrite(graph: ir.Graph, chain: dict) -> None:
     def binary(op_type: str, computed: ir.Value, operand: ir.Value, position: int) -> ir.Value:
         return add(op_type, [computed, operand] if position == 0 else [operand, computed])
 
-    products = add("MatMul", [chain["x"], constant("w1", per_pack_w1)])  # [P, N, J']
-    decided = binary(chain["compare"].op_type, products, constant("b1", per_pack_b1), chain["compare_position"])
+    products = add("MatMul", [chain["x"], constant("w1", packed["w1"])])  # [P, N, J']
+    decided = binary(chain["compare"].op_type, products, constant("b1", packed["b1"]), chain["compare_position"])
     decisions = add("Cast", [decided], to=ir.DataType.FLOAT.value)
-    counts = add("MatMul", [decisions, constant("w2", per_pack_w2)])  # [P, N, L']
-    reached = binary("Equal", counts, constant("b2", per_pack_b2), chain["equal_position"])
+    counts = add("MatMul", [decisions, constant("w2", packed["w2"])])  # [P, N, L']
+    reached = binary("Equal", counts, constant("b2", packed["b2"]), chain["equal_position"])
     one_hot = add("Cast", [reached], to=ir.DataType.FLOAT.value)
     spread = add("Unsqueeze", [one_hot, constant("at", np.array([2, 3], np.int64))])  # [P, N, 1, 1, L']
-    weighted = add("Mul", [spread, constant("w3", per_pack_w3)])  # [P, N, g, C, L']
+    weighted = add("Mul", [spread, constant("w3", packed["w3"])])  # [P, N, g, C, L']
     values = add("ReduceSum", [weighted, constant("over", np.array([-1], np.int64))], keepdims=0)  # [P, N, g, C]
     by_tree = add("Transpose", [values], perm=[0, 2, 3, 1])  # [P, g, C, N]
     back = add("Reshape", [by_tree, constant("trees", np.array([packs * g, classes, -1], np.int64))])
