@@ -24,7 +24,7 @@ from onnxfuse.frontend.canonicalize import canonicalize
 from onnxfuse.frontend.loader import load_model
 
 CORPUS = Path(__file__).resolve().parent.parent / "models" / "exported"
-FEATURES, TREES, CLASSES, DEPTH = 5, 3, 2, 4
+FEATURES, TREES, DEPTH = 5, 3, 4
 PACKED = dict(depth=3, trees=5, feature_count=28)  # two trees a pack, the last pack half empty
 
 
@@ -44,9 +44,9 @@ def tree_paths(depth: int) -> tuple[np.ndarray, np.ndarray]:
 
 def forest(batch_in_reshape: int = -1, alpha: float = 1.0, second_reader: bool = False,
            compare: str = "LessOrEqual", depth: int = DEPTH, trees: int = TREES,
-           feature_count: int = FEATURES) -> onnx.ModelProto:
-    """`trees` trees of `depth` over `feature_count` features, the classes' sums over trees [N, CLASSES], in
-    the nodes and layout Hummingbird's `gemm` strategy writes."""
+           feature_count: int = FEATURES, classes: int = 1) -> onnx.ModelProto:
+    """`trees` trees of `depth` over `feature_count` features, the sums over trees [N, classes] of
+    the leaves' values (one a class), in the nodes and layout Hummingbird's `gemm` strategy writes."""
     rng = np.random.default_rng(0)
     paths, left_turns = tree_paths(depth)  # at DEPTH 4: 15 internal nodes, 16 leaves
     internal, leaves = paths.shape[1], paths.shape[0]
@@ -55,7 +55,7 @@ def forest(batch_in_reshape: int = -1, alpha: float = 1.0, second_reader: bool =
     inits = {
         "w1": selector, "b1": rng.standard_normal((trees * internal, 1)).astype(np.float32),
         "w2": np.stack([paths] * trees), "b2": np.tile(left_turns, trees).reshape(-1, 1),
-        "w3": rng.standard_normal((trees, CLASSES, leaves)).astype(np.float32),
+        "w3": rng.standard_normal((trees, classes, leaves)).astype(np.float32),
         "split": const_i64(trees, internal, batch_in_reshape), "flat": const_i64(trees * leaves, -1),
         "unflat": const_i64(trees, leaves, -1), "trees": const_i64(0),
     }
@@ -65,7 +65,7 @@ def forest(batch_in_reshape: int = -1, alpha: float = 1.0, second_reader: bool =
              node("Equal", ["b2", "cf"], "hit"), node("Reshape", ["hit", "unflat"], "hs"),
              node("Cast", ["hs"], "onehot", to=onnx.TensorProto.FLOAT), node("MatMul", ["w3", "onehot"], "values"),
              node("ReduceSum", ["values", "trees"], "sums", keepdims=0), node("Transpose", ["sums"], "y", perm=[1, 0])]
-    outputs = {"y": ("N", CLASSES)}
+    outputs = {"y": ("N", classes)}
     if second_reader:
         nodes.append(node("Not", ["d"], "z"))
         outputs["z"] = [trees * internal, "N"]
@@ -91,8 +91,11 @@ def test_the_forest_is_computed_per_tree_batch_first_with_the_originals_bits():
             assert_bitwise_equal(canonical.run(None, {"x": x})[0], original.run(None, {"x": x})[0])
 
 
-@pytest.mark.parametrize("case", [dict(batch_in_reshape=8), dict(alpha=2.0), dict(second_reader=True)])
+@pytest.mark.parametrize("case", [dict(batch_in_reshape=8), dict(alpha=2.0), dict(second_reader=True),
+                                  dict(classes=2)])
 def test_other_chains_stay_batch_last(case):
+    """A Reshape with the batch baked in, a scaled Gemm, a decision read elsewhere, and leaves with
+    a value per class (a random forest's: _one_value_a_leaf)."""
     assert not rewritten(forest(**case))
 
 
