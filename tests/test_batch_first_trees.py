@@ -103,7 +103,7 @@ def test_the_pass_can_be_turned_off():
     assert not any(n.name.startswith(NODE_PREFIX) for n in load_model(forest(), batch_first_trees=False).nodes)
 
 
-@pytest.mark.parametrize("name", ["hb_gbdt_gemm", "hb_lgbm_gemm", "hb_xgb_gemm", "hb_gbdt_defaults"])
+@pytest.mark.parametrize("name", ["hb_gbdt_gemm", "hb_lgbm_gemm", "hb_xgb_gemm", "hb_gbdt_defaults", "hb_gbr_defaults"])
 def test_hummingbird_exports_rewritten_keep_onnxruntimes_bits(name):
     """Under plain onnxruntime, on the export's recorded inputs (batch 64: some of these exports
     bake that batch into a later node, so onnxruntime runs them at no other)."""
@@ -115,9 +115,11 @@ def test_hummingbird_exports_rewritten_keep_onnxruntimes_bits(name):
         assert_bitwise_equal(got, expected)
 
 
-def test_a_deep_forest_stays_batch_last():
-    """hb_rf_gemm's trees (146 internal nodes, 147 leaves) pad past MAX_PADDED_COLUMNS."""
-    assert not rewritten(onnx.load(str(CORPUS / "hb_rf_gemm.onnx")))
+def test_random_forest_classifiers_stay_batch_last():
+    """hb_rf_gemm's trees (146 internal nodes, 147 leaves) pad past MAX_PADDED_COLUMNS; hb_rf_d3's
+    (depth 3) would pack, but their leaves hold a value per class (_one_value_a_leaf)."""
+    for name in ("hb_rf_gemm", "hb_rf_d3"):
+        assert not rewritten(onnx.load(str(CORPUS / f"{name}.onnx"))), name
 
 
 def test_shallow_trees_share_their_products_two_by_two():

@@ -118,10 +118,22 @@ def _in_tmpdir():
             os.chdir(cwd)
 
 
-DEFAULTS_NAME = "hb_gbdt_defaults"
-"""scikit-learn's GradientBoostingClassifier with its defaults (100 trees of depth 3) through
-Hummingbird with its defaults: for trees that shallow Hummingbird picks its GEMM strategy, so
-this is the form most users of the two get."""
+def _shallow_defaults():
+    """name -> (factory, description): shallow ensembles through Hummingbird with its defaults,
+    which picks its GEMM strategy for trees of depth 3 or less. scikit-learn's gradient boosting
+    with its own defaults (100 trees of depth 3) is the form most users of the two get."""
+    from sklearn.ensemble import GradientBoostingClassifier, GradientBoostingRegressor, RandomForestClassifier
+
+    return {
+        "hb_gbdt_defaults": (lambda: GradientBoostingClassifier(random_state=SEED),
+                             "scikit-learn GradientBoostingClassifier() with its defaults (100 trees, max_depth=3), "
+                             "binary"),
+        "hb_gbr_defaults": (lambda: GradientBoostingRegressor(random_state=SEED),
+                            "scikit-learn GradientBoostingRegressor() with its defaults (100 trees, max_depth=3), "
+                            "fitted to the 0/1 labels"),
+        "hb_rf_d3": (lambda: RandomForestClassifier(n_estimators=50, max_depth=3, random_state=SEED, n_jobs=1),
+                     "scikit-learn RandomForestClassifier(n_estimators=50, max_depth=3), binary"),
+    }
 
 
 def _hummingbird(stem, model, description, lib_versions, X, rows, entries, only, strategies=STRATEGIES,
@@ -146,7 +158,8 @@ def _hummingbird(stem, model, description, lib_versions, X, rows, entries, only,
                         "torch.onnx.export": "dynamo=False forced around hummingbird "
                                              "(torch 2.13 defaults to dynamo=True); opset is "
                                              "Hummingbird's default"},
-            "computes": f"{description} on 28 features; outputs label and class probabilities",
+            "computes": f"{description} on 28 features; outputs "
+                        + ("label and class probabilities" if hasattr(model, "predict_proba") else "the prediction"),
             "source": "models/exported/corpus_trees.py",
         }
         if os.path.exists(path):
@@ -165,8 +178,8 @@ def _hummingbird(stem, model, description, lib_versions, X, rows, entries, only,
                 container = hummingbird.ml.convert(model, "onnx", rows, extra_config=dict(extra_config))
             onnx.save(container.model, path)
             input_name = container.model.graph.input[0].name
-            ref = [model.predict(rows).astype(np.int64),
-                   model.predict_proba(rows).astype(np.float32)]
+            ref = ([model.predict(rows).astype(np.int64), model.predict_proba(rows).astype(np.float32)]
+                   if hasattr(model, "predict_proba") else [model.predict(rows).astype(np.float32).reshape(-1, 1)])
             entries[name] = save_model(name, path, {input_name: rows}, entry, reference=ref,
                                        rtol=1e-4, atol=1e-5, strict=False)
         except Exception as exc:
@@ -220,15 +233,14 @@ def build(only=None) -> dict:
             model = make().fit(X, y)
         fitted[stem] = model
         _hummingbird(stem, model, description, lib_versions, X, rows, entries, only)
-    if not only or DEFAULTS_NAME in only:
-        from sklearn.ensemble import GradientBoostingClassifier
-
+    for name, (make, description) in _shallow_defaults().items():
+        if only and name not in only:
+            continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = GradientBoostingClassifier(random_state=SEED).fit(X, y)
-        _hummingbird("gbdt", model, "scikit-learn GradientBoostingClassifier() with its defaults (100 trees, "
-                     "max_depth=3), binary; Hummingbird's default strategy (GEMM for trees this shallow)",
-                     (), X, rows, entries, only, strategies=(None,), name_of=lambda _: DEFAULTS_NAME)
+            model = make().fit(X, y)
+        _hummingbird(name, model, f"{description}; Hummingbird's default strategy (GEMM for trees this shallow)",
+                     (), X, rows, entries, only, strategies=(None,), name_of=lambda _, name=name: name)
     if "rf" in fitted:
         _skl2onnx("skl2onnx_rf", fitted["rf"],
                   "the same RandomForestClassifier(100 trees, depth 8) as hb_rf_*, as one "
