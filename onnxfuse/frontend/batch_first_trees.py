@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from .tensors import add_initializer, constant_array, constant_ints, fresh_name, used_names
+from .tensors import add_initializer, constant_array, constant_ints, fresh_name, take_over, used_names
 
 NODE_PREFIX = "batch_first_trees/"
 COMPARISONS = ("Less", "LessOrEqual", "Greater", "GreaterOrEqual")
@@ -96,20 +96,10 @@ def _other_operand(node: ir.Node, value: ir.Value) -> tuple[np.ndarray | None, i
     return constant_array(node.inputs[1 - position]), position
 
 
-def _int_attribute(node: ir.Node, name: str, default: int) -> int:
-    attribute = node.attributes.get(name)
-    return int(attribute.value) if attribute is not None else default
-
-
-def _float_attribute(node: ir.Node, name: str, default: float) -> float:
-    attribute = node.attributes.get(name)
-    return float(attribute.value) if attribute is not None else default
-
-
 def _reshape_target(node: ir.Node) -> list[int] | None:
     """A Reshape's constant target if its last entry is -1 (the batch, left for the data to
     size) and no other entry is 0 or -1, else None."""
-    if len(node.inputs) != 2 or _int_attribute(node, "allowzero", 0):
+    if len(node.inputs) != 2 or node.attributes.get_int("allowzero", 0):
         return None
     target = constant_ints(node.inputs[1])
     if target is None or not target or target[-1] != -1 or any(d <= 0 for d in target[:-1]):
@@ -118,7 +108,7 @@ def _reshape_target(node: ir.Node) -> list[int] | None:
 
 
 def _is_float_cast(node: ir.Node | None) -> bool:
-    return node is not None and _int_attribute(node, "to", 0) == ir.DataType.FLOAT.value
+    return node is not None and node.attributes.get_int("to", 0) == ir.DataType.FLOAT.value
 
 
 def _padded(count: int) -> int:
@@ -127,8 +117,9 @@ def _padded(count: int) -> int:
 
 def _match(gemm: ir.Node) -> dict | None:
     """The chain starting at `gemm`, with its constants, or None if any link differs."""
-    if (len(gemm.inputs) != 2 or _int_attribute(gemm, "transA", 0) or not _int_attribute(gemm, "transB", 0)
-            or _float_attribute(gemm, "alpha", 1.0) != 1.0):
+    attributes = gemm.attributes
+    if (len(gemm.inputs) != 2 or attributes.get_int("transA", 0) or not attributes.get_int("transB", 0)
+            or attributes.get_float("alpha", 1.0) != 1.0):
         return None
     w1, x = constant_array(gemm.inputs[0]), gemm.inputs[1]
     if w1 is None or w1.ndim != 2 or w1.dtype != np.float32 or constant_array(x) is not None \
@@ -242,7 +233,7 @@ def _rewrite(graph: ir.Graph, chain: dict) -> None:
 
     def add(op_type: str, inputs: list, **attributes) -> ir.Value:
         name = f"{NODE_PREFIX}{base}/{op_type}_{len(nodes)}"
-        node = ir.Node("", op_type, inputs, attributes=[_attribute(k, v) for k, v in attributes.items()],
+        node = ir.Node("", op_type, inputs, attributes=ir.convenience.convert_attributes(attributes),
                        name=name, num_outputs=1)
         node.outputs[0].name = fresh_name(name.replace("/", "_"), taken)
         nodes.append(node)
@@ -266,16 +257,5 @@ def _rewrite(graph: ir.Graph, chain: dict) -> None:
         back = add("Slice", [back, constant("first", np.array([0], np.int64)), constant("count", np.array([t], np.int64)),
                              constant("axis", np.array([0], np.int64))])
 
-    graph.insert_before(removed[0], nodes)
-    back.shape, back.type = result.shape, result.type
-    result.replace_all_uses_with(back, replace_graph_outputs=True)
-    name = result.name
-    graph.remove(removed, safe=True)
-    back.name = name
-
-
-def _attribute(name: str, value) -> ir.Attr:
-    if isinstance(value, list):
-        return ir.AttrInt64s(name, value)
-    return ir.AttrInt64(name, int(value))
-
+    graph.insert_before(removed[0], nodes[:-1])
+    take_over(graph, nodes[-1], result, removed)

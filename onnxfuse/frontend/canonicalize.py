@@ -20,9 +20,9 @@ The passes, in order (each file states its guarantee):
    (`whole_axis_slices.py`), a Loop's carried dims made its initial value's where the body
    keeps them (`loop_carried_dims.py`), dead nodes and initializers removed (onnx-ir's
    RemoveUnusedNodesPass);
-5. Hummingbird's GEMM strategy for trees computed batch first, one product per tree
-   (`batch_first_trees.py`; the caller may turn it off: the pipeline does when its nodes would
-   not all become kernels).
+5. Hummingbird's GEMM strategy for trees computed batch first, a few trees per product
+   (`batch_first_trees.py`; the caller may turn it off: the pipeline does when its products
+   would not all become kernels).
 
 Everything works on onnx-ir's in-memory model; the loader hands in and gets back a ModelProto.
 """

@@ -232,7 +232,7 @@ def _carry(node: ir.Node, index: int, value: ir.Value, axis: int, symbol: str, k
     if op == "GatherElements" and index == 1:
         return [(out, axis)], False
     if op == "Gather" and index == 1:
-        gather_axis = _int_attr(node, "axis", 0)
+        gather_axis = node.attributes.get_int("axis", 0)
         data = node.inputs[0]
         if data is None or data.shape is None:
             return [], False
@@ -281,11 +281,6 @@ def _carry(node: ir.Node, index: int, value: ir.Value, axis: int, symbol: str, k
             return [], True
         return [], False
     return [], False
-
-
-def _int_attr(node: ir.Node, name: str, default: int) -> int:
-    attr = node.attributes.get(name)
-    return default if attr is None else int(attr.value)
 
 
 def _live_nodes(graph: ir.Graph) -> set[ir.Node]:
