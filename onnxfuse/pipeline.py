@@ -259,6 +259,8 @@ def run_pipeline(model_path: Path, out_path: Path | None, options: OptimizeOptio
                 outcomes, measured = _select_measured(graph, outcomes, tgt, Path(build_dir), options, progress)
                 clock.lap("select")
             fused = [(o.group, o.kernel) for o in outcomes if o.kernel is not None]
+            # Checked before writing (a product left out by selection or a failed compile) and
+            # after (one the shipped check dropped): either way the original is optimized again.
             if batch_first_trees and _tree_products_left(graph, [group for group, _ in fused]):
                 continue
             written = _write_outputs(model_path, graph, fused, out, tgt, Path(build_dir), options, progress)
@@ -293,8 +295,9 @@ class _StageClock:
         self._last = time.perf_counter()
 
     def lap(self, stage: str) -> None:
+        """Adds the time since the last lap to `stage` (a second round adds to the first's)."""
         now = time.perf_counter()
-        self.laps[stage] = now - self._last
+        self.laps[stage] = self.laps.get(stage, 0.0) + now - self._last
         self._last = now
 
 
