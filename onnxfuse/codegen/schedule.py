@@ -1021,11 +1021,17 @@ def _covers_one_tile(sch, stats: ScheduleStats, reader_rv, tile_loop) -> bool:
     bounding range of rows it reads, spread over N, under a predicate that let it read rows no
     tile had computed yet: wrong values from batch 8 on (verify caught it). A Reshape of the
     rows by a static seq (tf2onnx's [N * 16, 64] -> [N, 16, 64]) gets extents in the loop
-    variables only, and stays per tile."""
+    variables only, and stays per tile. A Reshape that splits the columns into rows no column
+    block divides (`[N, 192] -> [N, 2, 96]` under blocks of 64) takes the end of one row and the
+    start of the next per tile, a region TVM boxed wrongly (its extents a floor-modulo of the
+    block's first column): elements no tile wrote (tests/test_tile_regions.py). Such a reader
+    stays per row tile."""
     below = _loops_below_after(sch, reader_rv, tile_loop,
                                lambda trial: trial.reverse_compute_at(reader_rv, tile_loop, preserve_unit_loops=True))
     symbols = tir_walk.shape_vars(sch.mod["main"])
-    if below is None or not any(tir_walk.uses_var(loop.extent, v) for loop in below for v in symbols):
+    wraps = below is not None and any(isinstance(node, tvm.tirx.FloorMod) for loop in below
+                                      for node in tir_walk.iter_nodes(loop.extent))
+    if below is None or not (wraps or any(tir_walk.uses_var(loop.extent, v) for loop in below for v in symbols)):
         return True
     stats.skipped_steps.append(f"epilogue per register tile {sch.get(reader_rv).name_hint}: not one tile's region")
     return False
