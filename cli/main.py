@@ -52,13 +52,12 @@ def main() -> None:
 def inspect(model: str, max_depth: int, max_inputs: int, max_duplication: int, as_json: bool, html_path: str | None,
             report_path: str | None) -> None:
     """Show how MODEL would be fused: groups, their ops, and why other nodes stay unfused."""
-    from onnxfuse.frontend.loader import load_model
     from onnxfuse.fusion.partition import FusionOptions
-    from onnxfuse.fusion.plan import plan_fusion
+    from onnxfuse.fusion.tree_rewrite import plan_with_trees
     from onnxfuse.graph_dump import graph_dump, read_report
 
-    graph = load_model(model)
-    plan = plan_fusion(graph, FusionOptions(max_depth=max_depth, max_inputs=max_inputs, max_duplication=max_duplication))
+    graph, plan = plan_with_trees(model, FusionOptions(max_depth=max_depth, max_inputs=max_inputs,
+                                                       max_duplication=max_duplication))
     if as_json or html_path or report_path:
         dump = graph_dump(model, graph, plan.to_json(), read_report(report_path) if report_path else None)
     if html_path:

@@ -6,9 +6,9 @@ import os
 
 import onnx
 
-from .frontend.loader import load_model
 from .fusion.partition import FusionOptions
-from .fusion.plan import FusionPlan, plan_fusion
+from .fusion.plan import FusionPlan
+from .fusion.tree_rewrite import plan_with_trees
 
 
 def plan(model: str | os.PathLike | onnx.ModelProto, *, max_depth: int = 256, max_inputs: int = 64,
@@ -20,4 +20,4 @@ def plan(model: str | os.PathLike | onnx.ModelProto, *, max_depth: int = 256, ma
         >>> [(g.name, g.op_types) for g in p.groups], [(u.op_type, u.reason) for u in p.unfused]
     """
     options = FusionOptions(max_depth=max_depth, max_inputs=max_inputs, max_duplication=max_duplication)
-    return plan_fusion(load_model(model), options)
+    return plan_with_trees(model, options)[1]

@@ -29,7 +29,6 @@ from .cache import KernelCache, default_cache_dir, group_key, kernel_name
 from .codegen.float16_boundaries import carry_float32
 from .codegen.worker import compile_one
 from .errors import CompileError, UsageError
-from .frontend.batch_first_trees import NODE_PREFIX as TREE_NODE_PREFIX
 from .frontend.ir_version import require_loadable_ir_version
 from .frontend.loader import load_model
 from .frontend.validate import external_data_files, validate_model_file
@@ -37,6 +36,7 @@ from .fusion.extract import extract_group
 from .fusion.float32_boundaries import carried_name
 from .fusion.partition import GROUP_WEIGHT_LIMIT, FusionOptions, weight_bytes
 from .fusion.plan import FusedGroup, FusionPlan, plan_fusion
+from .fusion.tree_rewrite import products_left
 from .gates import is_compute_op
 from .ir import Graph
 from .kernel_identity import CanonicalGroup, canonical_group
@@ -250,6 +250,8 @@ def run_pipeline(model_path: Path, out_path: Path | None, options: OptimizeOptio
         plan = carry_float32(graph, plan_fusion(graph, options.fusion,
                                                 leave_to_onnxruntime if options.select == "auto" else None))
         clock.lap("plan")
+        if batch_first_trees and products_left(graph, plan.groups):
+            continue  # a product left to onnxruntime already: nothing of this round would be kept
 
         with tempfile.TemporaryDirectory(prefix="onnxfuse-build-") as build_dir:
             outcomes = _compile_groups(graph, plan, tgt, options, Path(build_dir), progress)
@@ -261,13 +263,13 @@ def run_pipeline(model_path: Path, out_path: Path | None, options: OptimizeOptio
             fused = [(o.group, o.kernel) for o in outcomes if o.kernel is not None]
             # Checked before writing (a product left out by selection or a failed compile) and
             # after (one the shipped check dropped): either way the original is optimized again.
-            if batch_first_trees and _tree_products_left(graph, [group for group, _ in fused]):
+            if batch_first_trees and products_left(graph, [group for group, _ in fused]):
                 continue
             written = _write_outputs(model_path, graph, fused, out, tgt, Path(build_dir), options, progress)
             outcomes = [o.fallen_back(written.dropped[o.group.name]) if o.group.name in written.dropped else o
                         for o in outcomes]
             clock.lap("package")
-        if not batch_first_trees or not _tree_products_left(graph, [o.group for o in outcomes if o.kernel is not None]):
+        if not batch_first_trees or not products_left(graph, [o.group for o in outcomes if o.kernel is not None]):
             break
     result = OptimizeResult(out.model, written.library, plan, outcomes, time.perf_counter() - started, measured,
                             source_path=model_path, target=tgt, node_op_types=node_op_types, timings=clock.laps,
@@ -278,15 +280,6 @@ def run_pipeline(model_path: Path, out_path: Path | None, options: OptimizeOptio
         except OSError as exc:
             raise OutputError(f"cannot write the report {report_path}: {describe(exc)}") from None
     return result
-
-
-def _tree_products_left(graph: Graph, kept: list[FusedGroup]) -> bool:
-    """Whether a product the batch_first_trees pass wrote would run in onnxruntime, where that
-    form is slower than the original's (frontend/batch_first_trees.py): then the model is
-    optimized again without the pass."""
-    in_kernels = {index for group in kept if not group.scope for index in group.node_indices}
-    return any(node.name.startswith(TREE_NODE_PREFIX) and node.op_type == "MatMul" and node.index not in in_kernels
-               for node in graph.nodes)
 
 
 class _StageClock:

@@ -1,6 +1,7 @@
 """Front end: Hummingbird's GEMM strategy for trees (three batch-last products) becomes per-tree
 products batch first (frontend/batch_first_trees.py); the pipeline keeps that form only when its
-products all become kernels, and otherwise optimizes the original (pipeline._tree_products_left).
+products all become kernels, and otherwise optimizes the original (fusion/tree_rewrite.py); the
+plan `inspect` shows follows the same rule.
 
 Checked against onnxruntime running the original: the rewritten model alone, on a small forest
 written as Hummingbird writes it and on Hummingbird's own exports in models/exported/, and the
@@ -18,7 +19,7 @@ from frontend_helpers import as_exported
 from onnx_builder import const_i64, model, node
 from test_ieee_order import assert_bitwise_equal, original_session
 
-from onnxfuse import InferenceSession, optimize
+from onnxfuse import InferenceSession, optimize, plan
 from onnxfuse.frontend.batch_first_trees import NODE_PREFIX, trees_per_pack
 from onnxfuse.frontend.canonicalize import canonicalize
 from onnxfuse.frontend.loader import load_model
@@ -167,3 +168,13 @@ def test_products_left_to_onnxruntime_mean_the_original_is_optimized(tmp_path):
     x = features(9)
     assert_bitwise_equal(InferenceSession(str(result.model_path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0],
                          original_session(forest()).run(None, {"x": x})[0])
+
+
+def test_the_plan_shown_is_the_one_optimize_compiles():
+    """onnxfuse.plan (and `inspect`) plan the rewritten form only where its products all land
+    in groups: with one op a group they would not, and the original's plan is shown."""
+    def op_types(p):
+        return [t for g in p.groups for t in g.op_types] + [u.op_type for u in p.unfused]
+
+    assert "Gemm" not in op_types(plan(forest())) and "MatMul" in op_types(plan(forest()))
+    assert "Gemm" in op_types(plan(forest(), max_depth=1))
