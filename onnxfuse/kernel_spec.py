@@ -7,6 +7,7 @@ into one custom-op library; packaging writes one ONNX node per spec (op_type = s
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,6 +15,18 @@ import numpy as np
 DOMAIN = "ai.onnxfuse"
 DOMAIN_VERSION = 1
 LIBRARY_METADATA_KEY = "onnxfuse.library"  # model metadata: the library file beside the model
+LIBRARY_DIGEST_METADATA_KEY = "onnxfuse.library.sha256"  # model metadata: that file's SHA-256, checked before loading
+
+
+def file_sha256(path) -> str:
+    """The SHA-256 of a file's bytes, hex. A kernel library is checked before it is loaded: a
+    truncated one ends the process in the dynamic loader (SIGBUS), with no error to catch."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
 
 # The dtypes a kernel may take or return, as numpy names, with their ONNX TensorProto codes.
 ONNX_DTYPE_CODES = {

@@ -17,14 +17,14 @@ from . import __version__
 from .fusion.float32_boundaries import carried_name, written_boundary
 from .fusion.plan import FusedGroup
 from .ir import Graph, body_path
-from .kernel_spec import DOMAIN, DOMAIN_VERSION, LIBRARY_METADATA_KEY, GroupKernel
+from .kernel_spec import DOMAIN, DOMAIN_VERSION, LIBRARY_DIGEST_METADATA_KEY, LIBRARY_METADATA_KEY, GroupKernel
 from .report import ops_summary
 from .target import Target
 
 
 def package_model(
     graph: Graph, fused: list[tuple[FusedGroup, GroupKernel]], library_name: str, target: Target | str,
-    *, consume: bool = False,
+    *, consume: bool = False, library_digest: str | None = None,
 ) -> onnx.ModelProto:
     """The model with each fused group replaced by its custom node. `consume=True` rewrites
     `graph.model` itself instead of a copy, so a 2 GB model is held once, not twice (the
@@ -43,7 +43,8 @@ def package_model(
     _rewrite_graph(model.graph, graph, "", by_scope)
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
-    _set_metadata(model, {LIBRARY_METADATA_KEY: library_name, "onnxfuse.version": __version__,
+    digest = {LIBRARY_DIGEST_METADATA_KEY: library_digest} if library_digest else {}
+    _set_metadata(model, {LIBRARY_METADATA_KEY: library_name, **digest, "onnxfuse.version": __version__,
                           **target_metadata(target)})
     return model
 

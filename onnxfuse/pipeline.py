@@ -40,7 +40,7 @@ from .fusion.tree_rewrite import products_left
 from .gates import is_compute_op
 from .ir import Graph
 from .kernel_identity import CanonicalGroup, canonical_group
-from .kernel_spec import GroupKernel, KernelSpec
+from .kernel_spec import GroupKernel, KernelSpec, file_sha256
 from .model_file import stage_model
 from .output_paths import OutputError, OutputPaths, check_outputs, describe
 from .package import package_model
@@ -314,7 +314,8 @@ def _write_outputs(model_path: Path, graph: Graph, fused: list, out: OutputPaths
         library = _stage_library([k for _, k in kept], out.library, tgt, build_dir) if kept else None
         if library:
             library_files.add(library)
-        return (package_model(graph, kept, out.library.name, tgt, consume=consume) if kept else graph.model), library
+        return (package_model(graph, kept, out.library.name, tgt, consume=consume, library_digest=file_sha256(library))
+                if kept else graph.model), library
 
     try:
         out.model.parent.mkdir(parents=True, exist_ok=True)

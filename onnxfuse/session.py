@@ -2,7 +2,9 @@
 
 A fused model names its library in the metadata key `onnxfuse.library`: a bare file name of a
 library written beside the model. Only a bare name is accepted, so a model cannot make us load a
-library from anywhere else on the machine.
+library from anywhere else on the machine. The model also records the library's SHA-256
+(`onnxfuse.library.sha256`), checked before the library is loaded: a damaged or replaced library
+is a one-line error, where loading a truncated one ends the process (SIGBUS in the loader).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pathlib
 import onnx
 import onnxruntime
 
-from .kernel_spec import LIBRARY_METADATA_KEY
+from .kernel_spec import LIBRARY_DIGEST_METADATA_KEY, LIBRARY_METADATA_KEY, file_sha256
 
 # Session config entries copied from a caller's options. onnxruntime cannot list the entries
 # that are set, so these are the documented keys; unknown ones are skipped.
@@ -92,6 +94,10 @@ def library_of(model_path) -> pathlib.Path | None:
     library = pathlib.Path(model_path).resolve().parent / name
     if not library.is_file():
         raise FileNotFoundError(f"{model_path}: its kernel library {name!r} is missing (expected {library})")
+    digest = next((p.value for p in model.metadata_props if p.key == LIBRARY_DIGEST_METADATA_KEY), None)
+    if digest is not None and file_sha256(library) != digest:
+        raise ValueError(f"{model_path}: its kernel library {name!r} is not the one it was written with (damaged or "
+                         f"replaced: its SHA-256 differs); optimize the model again")
     return library
 
 
