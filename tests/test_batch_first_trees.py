@@ -178,3 +178,20 @@ def test_the_plan_shown_is_the_one_optimize_compiles():
 
     assert "Gemm" not in op_types(plan(forest())) and "MatMul" in op_types(plan(forest()))
     assert "Gemm" in op_types(plan(forest(), max_depth=1))
+
+
+def test_an_export_saved_with_its_weights_beside_it_is_rewritten(tmp_path):
+    """Hummingbird's export of scikit-learn's default GradientBoosting, its weights in a file
+    of their own: rewritten as when they are inline, and the optimized output keeps the bits."""
+    source = tmp_path / "gbr.onnx"
+    onnx.save_model(onnx.load(str(CORPUS / "hb_gbr_defaults.onnx")), str(source), save_as_external_data=True,
+                    all_tensors_to_one_file=True,
+                    location="gbr.onnx.data", size_threshold=0)
+    assert any(n.name.startswith(NODE_PREFIX) for n in load_model(source).nodes)
+    feeds = dict(np.load(CORPUS / "hb_gbr_defaults.inputs.npz"))
+    result = optimize(source, tmp_path / "gbr.fused.onnx", cache_dir=False, jobs=1,
+                      inputs=CORPUS / "hb_gbr_defaults.inputs.npz")
+    assert any(g["status"] in ("compiled", "cached") and "MatMul" in g["op_types"] for g in result.report["groups"])
+    fused = InferenceSession(str(result.model_path), providers=["CPUExecutionProvider"])
+    original = original_session(onnx.load(str(CORPUS / "hb_gbr_defaults.onnx")))
+    assert_bitwise_equal(fused.run(None, feeds)[0], original.run(None, feeds)[0])

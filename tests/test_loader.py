@@ -65,3 +65,30 @@ def test_missing_external_data_is_a_load_error(tmp_path):
     (tmp_path / "gate.bin").unlink()
     with pytest.raises(ModelLoadError, match="external data"):
         load_model(path)
+
+
+def _saved_with_external_data(m: onnx.ModelProto, path) -> None:
+    onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=f"{path.name}.data", size_threshold=0)
+
+
+def test_small_external_data_is_read_before_the_front_end_passes(tmp_path):
+    """A BatchNormalization after a Conv folds into it whether the weights are inline or beside
+    the model (PyTorch's dynamo exporter writes them beside it by default)."""
+    m = onnx.load("models/conv_block.onnx")
+    assert "BatchNormalization" in [n.op_type for n in m.graph.node]
+    inline = [n.op_type for n in load_model(m).nodes]
+    _saved_with_external_data(m, tmp_path / "conv.onnx")  # (moves m's tensors out)
+    beside = [n.op_type for n in load_model(tmp_path / "conv.onnx").nodes]
+    assert beside == inline and "BatchNormalization" not in beside
+
+
+def test_large_external_data_is_read_after_the_passes(tmp_path, monkeypatch):
+    from onnxfuse.frontend import loader
+
+    monkeypatch.setattr(loader, "INLINE_EXTERNAL_DATA_BYTES", 0)
+    m = onnx.load("models/conv_block.onnx")
+    _saved_with_external_data(m, tmp_path / "conv.onnx")
+    graph = load_model(tmp_path / "conv.onnx")
+    assert "BatchNormalization" in [n.op_type for n in graph.nodes]  # unfolded, as before
+    assert all(t.data_location != TensorProto.EXTERNAL for t in graph.model.graph.initializer)

@@ -18,7 +18,7 @@ from ..fusion.onnxruntime_fused_ops import onnxruntime_fused_ops
 from ..ir import Dim, Graph, Node, Value
 from .canonicalize import canonicalize
 from .declared_shapes import declared_value_names, keep_declared_value_info
-from .validate import read_model_header
+from .validate import external_data_files, read_model_header
 
 
 def load_model(source: str | os.PathLike | onnx.ModelProto, canonical: bool = True,
@@ -41,18 +41,36 @@ def load_model(source: str | os.PathLike | onnx.ModelProto, canonical: bool = Tr
     _check_is_model(model, path)
     declared = declared_value_names(model)
     fused_ops = onnxruntime_fused_ops(model, path) if canonical else ()
+    if _has_external_data(model) and _external_bytes(model, path) <= INLINE_EXTERNAL_DATA_BYTES:
+        _read_external_data(model, path)
     model = canonicalize(model, batch_first_trees) if canonical else model
-    # Infer before the external data comes in: a >2 GB proto cannot be serialized for inference.
+    # Infer before the rest of the external data comes in: a >2 GB proto cannot be serialized.
     inferred = _infer_shapes(model)
     if _has_external_data(model):
-        try:
-            external_data_helper.load_external_data_for_model(model, str(path.parent))
-        except Exception as exc:
-            raise ModelLoadError(f"{path}: cannot read its external data ({first_line(exc)})") from None
+        _read_external_data(model, path)
     graph = build_graph(model, inferred)
     keep_declared_value_info(graph.model, declared)
     graph.onnxruntime_fused_ops = fused_ops
     return graph
+
+
+INLINE_EXTERNAL_DATA_BYTES = 256 << 20
+"""External data up to this size is read before the front-end passes, so that they see the
+weights of a small model saved with its weights beside it (PyTorch's dynamo exporter does so by
+default): a Hummingbird forest is rewritten, a BatchNormalization folds into its Conv. Larger
+data comes in after them, as before: a model near 2 GB, plus what folding adds, must stay one
+serializable protobuf for shape inference."""
+
+
+def _external_bytes(model: onnx.ModelProto, path: Path) -> int:
+    return sum(f.stat().st_size for f in external_data_files(model, path) if f.is_file())
+
+
+def _read_external_data(model: onnx.ModelProto, path: Path) -> None:
+    try:
+        external_data_helper.load_external_data_for_model(model, str(path.parent))
+    except Exception as exc:
+        raise ModelLoadError(f"{path}: cannot read its external data ({first_line(exc)})") from None
 
 
 def _has_external_data(model: onnx.ModelProto) -> bool:
