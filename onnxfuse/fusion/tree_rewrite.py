@@ -5,8 +5,9 @@ GEMM-strategy trees into a form that is slower than the original under plain onn
 that leaves one of its products to onnxruntime (a group bound such as `--max-depth 1`, an `auto`
 rule, a compile that fell back, a kernel the shipped check dropped) is therefore worse than
 optimizing the original: the model is loaded and planned again without the pass. `optimize`
-checks before compiling (plan_with_trees) and again after (products_left); `inspect` and
-`onnxfuse.plan` show the plan optimize would compile.
+checks its plan before compiling and its kept kernels after (products_left); `inspect` and
+`onnxfuse.plan` decide on the plan alone (plan_with_trees: no `auto` rule, nothing compiled), so
+they show the original's plan wherever the bounds already leave a product out.
 """
 
 from __future__ import annotations
