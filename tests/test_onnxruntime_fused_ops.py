@@ -325,3 +325,52 @@ def test_only_a_tanh_of_a_product_asks_onnxruntimes_optimizer(monkeypatch):
                  {"x": ("N", 4), "h": ("N", 4)}, {"y": ("N", 4)})
     assert onnxruntime_fused_ops(cell) == () and asked == []
     assert [op.op for op in onnxruntime_fused_ops(tanh_gelu_after_dense_model())] == ["FastGelu"] and asked == [1]
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_the_gelu_op_gives_onnxruntimes_bits(tmp_path, approximate):
+    """The Gelu op (opset 20, as PyTorch's dynamo exporter writes nn.GELU) between two products:
+    onnxruntime computes it as its Gelu kernel does (MLAS's erf or tanh, the argument scaled by
+    a product), TVM's importer as 0.5 x (1 + erf(x / sqrt 2)); a third of the outputs differed."""
+    rng = np.random.default_rng(7)
+    w1, w2 = (rng.standard_normal((32, 64)) * 0.2).astype(F32), (rng.standard_normal((64, 32)) * 0.2).astype(F32)
+    m = model([node("MatMul", ["x", "w1"], "a"), node("Add", ["a", "b1"], "b"), node("Gelu", ["b"], "g", approximate=approximate),
+               node("MatMul", ["g", "w2"], "y")], {"x": ("N", 32)}, {"y": ("N", 32)},
+              {"w1": w1, "b1": np.linspace(-1, 1, 64, dtype=F32), "w2": w2}, opset=20)
+    fused, original = fused_session(m, tmp_path), original_session(m)
+    for rows in (1, 5, 64):
+        x = (rng.standard_normal((rows, 32)) * 3).astype(F32)
+        assert_bitwise_equal(fused.run(None, {"x": x})[0], original.run(None, {"x": x})[0])
+
+
+def scaled_attention_scores() -> onnx.ModelProto:
+    """q and k each scaled by sqrt(1 / sqrt(d)) before their product, as PyTorch's dynamo
+    exporter writes scaled_dot_product_attention; the views and a Relu around them fuse."""
+    scale = np.array([8 ** -0.25], F32)
+    return model([node("Transpose", ["q_in"], "q", perm=[0, 2, 1, 3]), node("Mul", ["q", "s"], "qs"),
+                  node("Transpose", ["k_in"], "kt", perm=[0, 2, 3, 1]), node("Mul", ["kt", "s"], "ks"),
+                  node("MatMul", ["qs", "ks"], "scores"), node("Relu", ["scores"], "y")],
+                 {"q_in": ("N", 10, 4, 8), "k_in": ("N", 10, 4, 8)}, {"y": ("N", 4, 10, 10)}, {"s": scale})
+
+
+def test_onnxruntime_reports_the_scales_it_folds_into_a_product():
+    fused = onnxruntime_fused_ops(scaled_attention_scores())
+    assert [f.op for f in fused] == ["FusedMatMul"] and fused[0].output == "scores"
+
+
+def test_scales_folded_into_a_product_stay_with_onnxruntime_and_keep_its_bits(tmp_path):
+    """onnxruntime computes alpha (q @ k) where the model says (s q) @ (s k): the Muls and the
+    MatMul stay with it, and the optimized model gives its bits."""
+    from onnxfuse import optimize, plan
+    from onnxfuse.session import InferenceSession
+
+    m = scaled_attention_scores()
+    left = {u.op_type: u.reason for u in plan(m).unfused}
+    assert "FusedMatMul" in left.get("Mul", "") and "FusedMatMul" in left.get("MatMul", "")
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    result = optimize(tmp_path / "m.onnx", tmp_path / "m.fused.onnx", cache_dir=False, jobs=1, select="all")
+    fused, original = InferenceSession(str(result.model_path), providers=["CPUExecutionProvider"]), original_session(m)
+    rng = np.random.default_rng(3)
+    for rows in (1, 7):
+        feeds = {name: rng.standard_normal((rows, 10, 4, 8)).astype(F32) for name in ("q_in", "k_in")}
+        assert_bitwise_equal(fused.run(None, feeds)[0], original.run(None, feeds)[0])

@@ -64,6 +64,13 @@ translates faithfully.
    92). It was written `MatMul + 0.0`; since every dot product starts from +0.0
    (reduction_identities.py), the kernel computes that fused product itself, and the extra add
    turned the underflowing product's -0.0 into +0.0.
+10. float32 Gelu (opset 20; PyTorch's dynamo exporter writes nn.GELU so): TVM's importer writes
+   `0.5 x (1 + erf(x / sqrt 2))` with its own erf; onnxruntime's kernel computes
+   `e = Erf(x * float(1 / sqrt 2))` with MLAS's erf, then `(0.5 x) (e + 1)`, and for
+   approximate="tanh" `t = Tanh(x ((C x) x + B))` with MLAS's tanh (B = sqrt(2 / pi),
+   C = 0.044715 B, as floats), then `(0.5 x) (t + 1)`. Written in those steps, whose Erf and Tanh
+   are onnxruntime's (fast_math.py); with the importer's form a dynamo-exported FFN differed
+   in the last bit in a third of its outputs.
 """
 
 from __future__ import annotations
@@ -232,6 +239,26 @@ def _rewrite_float64_tanh(node, elem_types, prefix: str):
     return b
 
 
+GELU_SQRT_HALF, GELU_TANH_B, GELU_TANH_C = 0.7071067811865476, 0.7978845608028654, 0.035677408136300125
+
+
+def _rewrite_float32_gelu(node, elem_types, prefix: str):
+    if elem_types.get(node.input[0]) != TensorProto.FLOAT:
+        return None
+    approximate = next((a.s.decode() for a in node.attribute if a.name == "approximate"), "none")
+    if approximate not in ("none", "tanh"):
+        return None
+    b = _Builder(prefix, np.float32)
+    x = node.input[0]
+    if approximate == "none":
+        curve = b.op("Erf", b.op("Mul", x, b.constant(GELU_SQRT_HALF)))
+    else:
+        inner = b.op("Add", b.op("Mul", b.op("Mul", b.constant(GELU_TANH_C), x), x), b.constant(GELU_TANH_B))
+        curve = b.op("Tanh", b.op("Mul", x, inner))
+    b.op("Mul", b.op("Mul", b.constant(0.5), x), b.op("Add", curve, b.constant(1.0)), output=node.output[0])
+    return b
+
+
 def _rewrite_gemm_alpha(node, elem_types, prefix: str, opset: int):
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
@@ -278,9 +305,9 @@ def _element_types(model: onnx.ModelProto) -> dict[str, int]:
 
 def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model` (a group) with Clip, float→int Cast, Softplus, float16 Sign, float64 Sigmoid,
-    float64 Tanh, scaled Gemm and float Where nodes rewritten as above; the
+    float64 Tanh, scaled Gemm, float Where and float32 Gelu nodes rewritten as above; the
     same object when there is nothing to rewrite."""
-    rewritten_ops = ("Clip", "Cast", "Softplus", "Sign", "Sigmoid", "Tanh", "Gemm", "Where")
+    rewritten_ops = ("Clip", "Cast", "Softplus", "Sign", "Sigmoid", "Tanh", "Gemm", "Where", "Gelu")
     if not any(n.op_type in rewritten_ops and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
@@ -307,6 +334,8 @@ def as_onnxruntime_computes(model: onnx.ModelProto) -> onnx.ModelProto:
             rewrite = _rewrite_gemm_alpha(node, elem_types, prefix, opset)
         elif node.domain in ("", "ai.onnx") and node.op_type == "Where":
             rewrite = _rewrite_where(node, elem_types, prefix, constants)
+        elif node.domain in ("", "ai.onnx") and node.op_type == "Gelu":
+            rewrite = _rewrite_float32_gelu(node, elem_types, prefix)
         if rewrite is None:
             nodes.append(node)
             continue

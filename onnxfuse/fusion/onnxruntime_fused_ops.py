@@ -31,6 +31,12 @@ kernel's bits wherever it fused, and the ops' where it did not:
   too, and at one row that Gemm sums in MLAS's one-row order from the bias
   (codegen/one_row_products.py), so it is written as the Gemm whatever its K.
 
+- A Mul by a one-element constant whose product a MatMul reads (PyTorch's dynamo export of
+  scaled_dot_product_attention scales q and k by sqrt(scale) each) becomes FusedMatMul, which
+  scales the product instead: `alpha (a @ b)` with alpha the scales' product, other bits than
+  `(s a) @ (s b)`. The Muls and the MatMul stay with onnxruntime (`scaled_product_nodes`), which
+  then fuses them as it does in the original.
+
 Which chains onnxruntime fuses depends on its version and on each chain's surroundings, so
 nothing here guesses: `onnxruntime_fused_ops` asks the installed onnxruntime (its optimized graph
 of the original model, only for models with an Erf, a ReduceMean, a FastGelu's Tanh, a MatMul
@@ -67,6 +73,7 @@ CONTRIB_DOMAIN = "com.microsoft"
 MIN_LAYER_NORM_OPSET = 17
 WATCHED_OPS = {"Erf", "ReduceMean", LAYER_NORM}  # a model with none (and no FastGelu's Tanh) has no chain onnxruntime fuses here
 MAX_CHAIN_NODES = 12  # GELU chains have 5 nodes, LayerNorm chains 9 (10 with a Cast), 11 with two Adds
+FUSED_MATMUL = "FusedMatMul"  # com.microsoft: a MatMul with scales folded in as alpha
 GEMM = "Gemm"
 FUSED_GEMM = "FusedGemm"  # com.microsoft: a Gemm and the activation after it
 MLAS_K_BLOCK = 256  # up to this many k's a Gemm and a MatMul + Add give the same bits
@@ -88,13 +95,13 @@ class FusedOp:
 
 
 def onnxruntime_fused_ops(model: onnx.ModelProto, path: str | os.PathLike | None = None) -> tuple[FusedOp, ...]:
-    """The Gelu, BiasGelu, LayerNormalization, SkipLayerNormalization nodes, and the Gemms over
-    more than 256 k's that replace a MatMul and an Add, that onnxruntime's optimizer (CPU,
+    """The Gelu, BiasGelu, LayerNormalization, SkipLayerNormalization, FusedMatMul nodes, and the
+    Gemms over more than 256 k's that replace a MatMul and an Add, that onnxruntime's optimizer (CPU,
     default level) writes in place of the model's ops, in every scope; () when
     the model has nothing such a node could replace, or onnxruntime fails. `path`: the model's
     file, given to onnxruntime instead of `model` (its external data beside it)."""
     nodes = list(all_nodes(model.graph))
-    if not _may_hold_fused_chain(nodes) and not _long_products(model, nodes):
+    if not _may_hold_fused_chain(nodes) and not _long_products(model, nodes) and not _scaled_products(model, nodes):
         return ()
     adds = {out for node in nodes if node.op_type == "Add" for out in node.output}  # a Gemm writing one was fused
     own_layer_norms = {out for node in nodes if node.op_type == LAYER_NORM for out in node.output}
@@ -112,7 +119,8 @@ def onnxruntime_fused_ops(model: onnx.ModelProto, path: str | os.PathLike | None
         gemm = ((node.domain in ("", "ai.onnx") and node.op_type == GEMM and node.output[0] in adds
                  or node.domain == CONTRIB_DOMAIN and node.op_type == FUSED_GEMM)
                 and (_depth(node, initializers) > MLAS_K_BLOCK or node.input[1] not in constants_here))
-        if (gelu or layer_norm or skip_layer_norm or gemm) and node.input and len(node.output) >= 1:
+        scaled = node.domain == CONTRIB_DOMAIN and node.op_type == FUSED_MATMUL
+        if (gelu or layer_norm or skip_layer_norm or gemm or scaled) and node.input and len(node.output) >= 1:
             constants = tuple((name, content_digest(initializers[name])) for name in node.input if name in initializers)
             fused.append(FusedOp(node.op_type, tuple(node.input), node.output[0], tuple(node.attribute), constants))
     return tuple(fused)
@@ -137,6 +145,34 @@ def _long_products(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> bool:
     constant_nodes = {out for node in nodes if node.op_type == "Constant" for out in node.output}
     return any(node.op_type == "MatMul" and len(node.input) == 2 and node.output[0] in added
                and node.input[1] not in constants | constant_nodes for node, constants in _nodes_in_scope(model.graph))
+
+
+def _scaled_products(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> bool:
+    """Whether a MatMul reads a Mul by a one-element constant (FusedMatMul's pattern)."""
+    scalars = {t.name for t in model.graph.initializer if int(np.prod(t.dims)) == 1}
+    scalars |= {out for node in nodes if node.op_type == "Constant" for out in node.output}
+    scaled = {node.output[0] for node in nodes
+              if node.op_type == "Mul" and len(node.input) == 2 and (set(node.input) & scalars)}
+    return any(node.op_type == "MatMul" and set(node.input) & scaled for node in nodes)
+
+
+def scaled_product_nodes(graph, fused_ops: tuple[FusedOp, ...]) -> dict[int, str]:
+    """The MatMuls (by index in `graph`, a Graph of ir.py) that onnxruntime computes as a
+    FusedMatMul, and the Muls it folds into them, each with why it stays with onnxruntime."""
+    producer = {out: node for node in graph.nodes for out in node.outputs}
+    why = ("onnxruntime computes this MatMul as FusedMatMul, its scale folded into the product: "
+           "left to onnxruntime, so the product keeps its bits")
+    left = {}
+    for fused in fused_ops:
+        matmul = producer.get(fused.output) if fused.op == FUSED_MATMUL else None
+        if matmul is None or matmul.op_type != "MatMul":
+            continue
+        left[matmul.index] = why
+        for name in matmul.inputs:
+            mul = producer.get(name)
+            if mul is not None and mul.op_type == "Mul" and set(mul.inputs) & set(fused.inputs):
+                left[mul.index] = why
+    return left
 
 
 def _nodes_in_scope(graph: onnx.GraphProto, outer: frozenset[str] = frozenset()):

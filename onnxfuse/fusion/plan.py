@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..ir import Graph
 from ..ops import OpKind, compiled_alone
 from .forward_graph import _make_opaque, build_forward_graph
-from .onnxruntime_fused_ops import skip_layer_norm_chains
+from .onnxruntime_fused_ops import scaled_product_nodes, skip_layer_norm_chains
 from .partition import FusionOptions, Partitioner
 from .postdom import post_dominator_tree
 
@@ -146,6 +146,7 @@ def _plan_scope(graph: Graph, scope: str, options: FusionOptions, leave_out: Lea
     chains = [chain for chain in skip_layer_norm_chains(graph, fused_ops) if len(chain) <= options.max_depth]
     in_chain = {index for chain in chains for index in chain}
     reasons = {index: "a SkipLayerNormalization chain (a group of its own)" for index in in_chain}
+    reasons = {**scaled_product_nodes(graph, fused_ops), **reasons}
     if leave_out is not None:
         reasons = {**leave_out(graph), **reasons}
     if reasons:
