@@ -79,6 +79,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..fusion.onnxruntime_fused_ops import fast_gelu_nodes, gelu_nodes
+
 _FLOATS = {TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64}
 _FLOATS_AND_HALF = {**_FLOATS, TensorProto.FLOAT16: np.float16}
 _NARROW_FLOATS = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
@@ -239,23 +241,18 @@ def _rewrite_float64_tanh(node, elem_types, prefix: str):
     return b
 
 
-GELU_SQRT_HALF, GELU_TANH_B, GELU_TANH_C = 0.7071067811865476, 0.7978845608028654, 0.035677408136300125
-
-
 def _rewrite_float32_gelu(node, elem_types, prefix: str):
+    """onnxruntime's Gelu kernel as ops (fusion/onnxruntime_fused_ops writes them for its fused
+    GELU chains too): MLAS's erf, or for approximate="tanh" FastGelu's tanh."""
     if elem_types.get(node.input[0]) != TensorProto.FLOAT:
         return None
     approximate = next((a.s.decode() for a in node.attribute if a.name == "approximate"), "none")
     if approximate not in ("none", "tanh"):
         return None
     b = _Builder(prefix, np.float32)
-    x = node.input[0]
-    if approximate == "none":
-        curve = b.op("Erf", b.op("Mul", x, b.constant(GELU_SQRT_HALF)))
-    else:
-        inner = b.op("Add", b.op("Mul", b.op("Mul", b.constant(GELU_TANH_C), x), x), b.constant(GELU_TANH_B))
-        curve = b.op("Tanh", b.op("Mul", x, inner))
-    b.op("Mul", b.op("Mul", b.constant(0.5), x), b.op("Add", curve, b.constant(1.0)), output=node.output[0])
+    nodes, scalars = (gelu_nodes if approximate == "none" else fast_gelu_nodes)(node.input[0], node.output[0])
+    b.nodes.extend(nodes)
+    b.initializers.extend(scalars)
     return b
 
 

@@ -160,7 +160,7 @@ def scaled_product_nodes(graph, fused_ops: tuple[FusedOp, ...]) -> dict[int, str
     """The MatMuls (by index in `graph`, a Graph of ir.py) that onnxruntime computes as a
     FusedMatMul, and the Muls it folds into them, each with why it stays with onnxruntime."""
     producer = {out: node for node in graph.nodes for out in node.outputs}
-    why = ("onnxruntime computes this MatMul as FusedMatMul, its scale folded into the product: "
+    why = ("onnxruntime computes this MatMul as FusedMatMul (scales or transposes folded into the product): "
            "left to onnxruntime, so the product keeps its bits")
     left = {}
     for fused in fused_ops:
@@ -255,9 +255,9 @@ def as_onnxruntime_computes(nodes: list[onnx.NodeProto], outputs: list[str], fus
         if chain is None:
             continue
         if fused.op in GELUS:
-            replacement, scalars = _gelu(x, fused.output)
+            replacement, scalars = gelu_nodes(x, fused.output)
         elif fused.op == FAST_GELU:
-            replacement, scalars = _fast_gelu(x, fused.output)
+            replacement, scalars = fast_gelu_nodes(x, fused.output)
         else:
             replacement, scalars = [_layer_norm(fused)], []
         nodes = [n for i, n in enumerate(nodes) if i not in chain or i == max(chain)]
@@ -332,7 +332,7 @@ def _chain(nodes: list[onnx.NodeProto], x: str, sources: set[str], y: str, outpu
     return None if read_outside else chain
 
 
-def _gelu(x: str, y: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+def gelu_nodes(x: str, y: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """`(x * 0.5) * (Erf(x * 0.70710677) + 1)`: onnxruntime's Gelu and BiasGelu kernels."""
     def name(part: str) -> str:
         return f"{y}__gelu_{part}"
@@ -349,7 +349,7 @@ def _gelu(x: str, y: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]
     return nodes, scalars
 
 
-def _fast_gelu(x: str, y: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+def fast_gelu_nodes(x: str, y: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """`(x * 0.5) * (Tanh(x * ((C * x) * x + B)) + 1)`: onnxruntime's FastGelu kernel (its
     products and sums rounded one by one: that part is plain C++, built without FMA)."""
     def name(part: str) -> str:
