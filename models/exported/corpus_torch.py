@@ -247,6 +247,37 @@ class TransformerLayer(nn.Module):
         return self.layer(x)
 
 
+class PreNormBlock(nn.Module):
+    """A pre-norm decoder-style block of the layers a current model mixes: LayerNorm then
+    nn.MultiheadAttention (batch_first), RMSNorm then a hand-written attention through
+    F.scaled_dot_product_attention (4 heads of 8), LayerNorm then a GELU (erf) FFN; each with a
+    residual Add. Exported with the dynamo exporter's defaults too (opset 20: the Gelu op;
+    weights in a .onnx.data file)."""
+
+    def __init__(self, dim: int = 32, heads: int = 4):
+        super().__init__()
+        torch.backends.mha.set_fastpath_enabled(False)
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.mha = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.norm2 = nn.RMSNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm3 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, 2 * dim)
+        self.fc2 = nn.Linear(2 * dim, dim)
+
+    def forward(self, x):  # x: [B, S, dim]
+        h = self.norm1(x)
+        x = x + self.mha(h, h, h, need_weights=False)[0]
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.norm2(x)).chunk(3, dim=-1)
+        q, k, v = (t.reshape(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        o = nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x + self.proj(o.transpose(1, 2).reshape(b, s, d))
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.norm3(x))))
+
+
 class BranchyCell(nn.Module):
     """Data-dependent branch: if the input's mean is positive an LSTMCell step, else a 2-layer
     MLP gating c. Both branches return new (h, c) of shape [B, 128] (torch.cond forbids a
@@ -382,6 +413,14 @@ def _specs():
                  "batch_first=True) on x [B, S, 64]: multi-head self-attention (nn.MultiheadAttention), "
                  "residual + LayerNorm, Linear-ReLU-Linear, residual + LayerNorm",
         feeds={"x": _randn(rng, nb, 16, 64)}, outputs=["y"], batch_axes={"x": (1, 0)}))  # [B, S]: seq is axis 1
+    specs.append(dict(
+        stem="prenorm_block", make=PreNormBlock,
+        computes="pre-norm block on x [B, S, 32]: LayerNorm + nn.MultiheadAttention(32, 4, "
+                 "batch_first=True), RMSNorm + Linear(32, 96) split into 4 heads of 8 + "
+                 "F.scaled_dot_product_attention + Linear(32, 32), LayerNorm + Linear(32, 64)-GELU-"
+                 "Linear(64, 32), each with a residual Add",
+        feeds={"x": _randn(rng, nb, 10, 32)}, outputs=["y"], batch_axes={"x": (1, 0)},
+        dynamo_defaults=True))
     return specs
 
 
@@ -445,6 +484,30 @@ def _export_dynamo(module, spec, path):
     return out
 
 
+def _export_dynamo_defaults(module, spec, path):
+    """torch.onnx.export(module, args, path, dynamo=True) as a user calls it: the exporter's own
+    opset (20 in torch 2.13) and its default external_data=True, which writes the weights to
+    `<name>.onnx.data` beside the model however small they are."""
+    from torch.export import Dim
+
+    names = list(spec["feeds"])
+    args = tuple(torch.from_numpy(spec["feeds"][n]) for n in names)
+    dims = {B: Dim("batch", min=1, max=4096), "seq": Dim("seq", min=2, max=128)}
+    named = _named_axes(spec)
+    dyn = tuple({a: dims[s] for a, s in named[n].items()} if n in named else None for n in names)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, args, path, dynamo=True, input_names=names,
+                          output_names=spec["outputs"], dynamic_shapes=dyn)
+    _relative_paths(path)
+    import onnx
+
+    return {"dynamo": True, "opset_version": onnx.load(path, load_external_data=False).opset_import[0].version,
+            "defaults": "opset_version, optimize and external_data left at the exporter's defaults",
+            "external_data": os.path.basename(path) + ".data",
+            "dynamic_shapes": {k: {str(a): s for a, s in v.items()} for k, v in named.items()}}
+
+
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
@@ -457,7 +520,7 @@ def _relative_paths(path):
 
     import onnx
 
-    model = onnx.load(path)
+    model = onnx.load(path, load_external_data=False)  # external weights stay where they are
     pattern = re.compile(r'File "([^"]*)"')
 
     def fix(match):
@@ -494,24 +557,24 @@ def _reference(module, spec):
 
 
 def _one(spec, exporter, entries, only=None):
-    name = f"{spec['stem']}_{'dynamo' if exporter == 'dynamo' else 'ts'}"
+    name = f"{spec['stem']}_{exporter}"
     if only and name not in only:
         return
     path = os.path.join(HERE, f"{name}.onnx")
     torch.manual_seed(SEED)
     module = spec["make"]().eval()
-    entry = {"exporter": f"torch.onnx.export(dynamo={exporter == 'dynamo'})",
+    entry = {"exporter": f"torch.onnx.export(dynamo={exporter != 'ts'})",
              "versions": _versions(), "computes": spec["computes"],
              "source": "models/exported/corpus_torch.py"}
-    if os.path.exists(path):
-        os.remove(path)
+    for stale in (path, path + ".data"):
+        if os.path.exists(stale):
+            os.remove(stale)
 
     def export() -> dict:
         ref = _reference(module, spec)
-        if exporter == "dynamo":
-            entry["options"] = _export_dynamo(module, spec, path)
-        else:
-            entry["options"] = _export_legacy(module, spec, path)
+        write = {"ts": _export_legacy, "dynamo": _export_dynamo,
+                 "dynamo_defaults": _export_dynamo_defaults}[exporter]
+        entry["options"] = write(module, spec, path)
         return save_model(name, path, spec["feeds"], entry, reference=ref,
                           rtol=spec.get("rtol", 1e-4), atol=spec.get("atol", 1e-4))
 
@@ -569,7 +632,7 @@ def build(only=None) -> dict:
     torch.set_num_threads(1)
     entries: dict = {}
     for spec in _specs():
-        for exporter in ("ts", "dynamo"):
+        for exporter in ("ts", "dynamo") + (("dynamo_defaults",) if spec.get("dynamo_defaults") else ()):
             _one(spec, exporter, entries, only)
     _branchy(entries, only)
     return entries
