@@ -15,7 +15,8 @@ rewrites a group model into the form that is hashed (cache key) and compiled:
    `static_inputs`), and integer or bool tensors (indices and tables). docs/kernel-identity.md
    says why.
 3. Values, nodes and symbolic dims get positional names: inputs `x0..`, weights `w0..`, baked
-   constants `c0..`, outputs `y0..`, intermediates `t0..`, nodes `n0..`, dims `s0..`.
+   constants `c0..`, outputs `y0..`, intermediates `t0..`, nodes `n0..`, dims `s0..` (a product
+   of dims the inputs bind by theirs: `10*batch` becomes `10*s1`).
 
 Groups with the same canonical model compile once. `CanonicalGroup.bind` turns the one kernel
 back into each group's own: its arguments named after the group's values, its derived weights
@@ -32,6 +33,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .codegen.operand_layout import operands_in_place
+from .dim_products import parse_product
 from .errors import CompileError, short_reason
 from .kernel_spec import GroupKernel
 from .ops import group_op_info
@@ -115,7 +117,7 @@ def _canonical(group_model: onnx.ModelProto) -> CanonicalGroup:
     names.update({name: f"t{position}" for position, name in enumerate(intermediates)})
     names[""] = ""  # an omitted optional input
 
-    symbols: dict[str, str] = {}
+    symbols = _plain_symbols(g.input)
     inputs = [_renamed_info(v, names[v.name], symbols) for v in g.input]
     weight_inputs = [helper.make_tensor_value_info(names[n], initializers[n].data_type, list(initializers[n].dims))
                      for n in weights_seen]
@@ -157,17 +159,37 @@ def _renamed_tensor(tensor: onnx.TensorProto, name: str) -> onnx.TensorProto:
     return clone
 
 
+def _dims(value: onnx.ValueInfoProto):
+    if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+        yield from value.type.tensor_type.shape.dim
+
+
+def _plain_symbols(inputs) -> dict[str, str]:
+    """The inputs' symbolic dims that bind a value, named `s<k>` in order of first appearance: all
+    but products of other dims (`10*batch`), which the kernel computes and checks instead."""
+    symbols: dict[str, str] = {}
+    for value in inputs:
+        for dim in _dims(value):
+            if dim.HasField("dim_param") and parse_product(dim.dim_param) is None:
+                symbols.setdefault(dim.dim_param, f"s{len(symbols)}")
+    return symbols
+
+
 def _renamed_info(value: onnx.ValueInfoProto, name: str, symbols: dict[str, str]) -> onnx.ValueInfoProto:
-    """`value` under `name`, its symbolic dims named `s<k>` in order of first appearance."""
+    """`value` under `name`, its symbolic dims named `s<k>` in order of first appearance; a product
+    of symbols that inputs bind is named by their names (`10*s1`, dim_products.py)."""
     clone = onnx.ValueInfoProto()
     clone.CopyFrom(value)
     clone.name = name
     _drop_notes(clone)
-    if clone.type.HasField("tensor_type") and clone.type.tensor_type.HasField("shape"):
-        for dim in clone.type.tensor_type.shape.dim:
-            if dim.HasField("dim_param"):
+    for dim in _dims(clone):
+        if dim.HasField("dim_param"):
+            product = parse_product(dim.dim_param)
+            if product is not None and all(s in symbols for s in product.symbols):
+                dim.dim_param = product.named(symbols)
+            else:
                 dim.dim_param = symbols.setdefault(dim.dim_param, f"s{len(symbols)}")
-            dim.denotation = ""
+        dim.denotation = ""
     return clone
 
 

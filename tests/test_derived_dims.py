@@ -44,8 +44,17 @@ def test_derived_dims_compute_their_value_and_survive_the_cache():
     assert _dims_from_json(_dims_to_json(product.shape)) == product.shape
 
 
-def test_only_outputs_may_derive_a_dim():
-    with pytest.raises(ValueError, match="input dims"):
+def test_an_input_derives_a_dim_only_from_dims_other_inputs_bind():
+    def spec(first):
+        return KernelSpec("k", (TensorSpec("float32", first), TensorSpec("float32", ("n", 10))),
+                          (TensorSpec("float32", ("n", 10)),), "k.o")
+
+    assert spec((DerivedDim("n", 10), 32)).inputs[0].concrete({"n": 3}) == (30, 32)
+    with pytest.raises(ValueError, match="product of dims other inputs bind"):
+        spec((DerivedDim("m", 10), 32))  # m is no input's dim
+    with pytest.raises(ValueError, match="product of dims other inputs bind"):
+        spec((DerivedDim("n", 1, 2), 32))  # a quotient, not a product
+    with pytest.raises(ValueError, match="product of dims other inputs bind"):
         KernelSpec("k", (TensorSpec("float32", (DerivedDim("N", 2),)),), (TensorSpec("float32", ("N",)),), "k.o")
 
 

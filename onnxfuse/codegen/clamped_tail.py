@@ -187,3 +187,48 @@ def unpredicated_tail(func: tirx.PrimFunc, row_tile, tile_rows: int) -> tuple[ti
     func = func.with_body(tvm_ffi.structural_map(func.body, [(s_tir.SBlockRealize, rewrite)], order="post"))
     symbolic = {b for b in written_in_tile if any(not isinstance(e, tirx.IntImm) for e in b.shape)}
     return _widened(func, symbolic, tile_rows), len(freed)
+
+
+ROWS_PAST_BOUND = "onnxfuse_rows_past_bound"  # a GEMM block annotation (schedule._rows_at_root)
+
+
+def register_tiles_past_rows(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """`func` with the row bound dropped from the register-tile blocks of every GEMM annotated
+    ROWS_PAST_BOUND (its update and its init, which write only the tile's local accumulators), and
+    their reads clamped to the last real row. Such a GEMM runs at the root over symbolic rows split
+    into register-tile blocks: the last block's rows past the bound compute the last row again into
+    accumulators nobody stores (the write-back keeps its bound), so its reduction loop runs
+    unpredicated, as a full block's. Its inputs are parameters or buffers finished before it (it
+    is at the root), so every clamped read is of a real, computed row."""
+    shape_vars = tir_walk.shape_vars(func)
+    params = set(_param_buffers(func))
+    annotated = {r.block.name_hint for r in _realizes(func) if ROWS_PAST_BOUND in r.block.annotations}
+    if not annotated or not shape_vars:
+        return func
+    names = annotated | {f"{name}_init" for name in annotated}
+
+    def rewrite(realize):
+        block = realize.block
+        if block.name_hint not in names or any(region.source in params or region.source.scope() != "local"
+                                               for region in block.writes):
+            return realize
+        conditions = _conjuncts(realize.predicate)
+        kept = [c for c in conditions if not _bounds_rows(c, shape_vars)]
+        if len(kept) == len(conditions):
+            return realize
+        clamp = {b for b in _read_buffers(block) if b.scope() != "local"}  # not the accumulators themselves
+        body = _clamped_loads(block.body, clamp)
+        init = _clamped_loads(block.init, clamp) if block.init is not None else None
+        new_block = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, init,
+                                 block.alloc_buffers, block.match_buffers, block.annotations)
+        return s_tir.SBlockRealize(realize.iter_values, tirx.all(*kept) if kept else tirx.const(True, "bool"),
+                                   new_block)
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(s_tir.SBlockRealize, rewrite)], order="post"))
+
+
+def _bounds_rows(condition, shape_vars: set) -> bool:
+    """`row < N`: loop variables bounded by an expression of the symbolic dims alone."""
+    return isinstance(condition, tirx.LT) and bool(tir_walk.vars_in(condition.b) & shape_vars) \
+        and not (tir_walk.vars_in(condition.a) & shape_vars)
+

@@ -17,6 +17,7 @@ from .register_file import RegisterFile
 
 NARROW_ROWS = 4  # rows of a register tile whose columns do not fill it (the seed gate's 2 vectors)
 SINGLE_VECTOR_ROWS = 8  # rows of a register tile of a GEMM whose columns are one vector (see register_tile)
+CLAMPED_ROWS = 24  # the row extent register_tile plans a root GEMM's symbolic rows for (every tile height divides it)
 PAD_MAX_WEIGHT_ELEMENTS = 4096  # pad N only for weights up to 64 x 64: the padded copy is made every call
 
 

@@ -80,6 +80,7 @@ class ScheduleStats:
     epilogues_per_tile: int = 0  # GEMM readers run per register tile (epilogue_per_register_tile)
     column_blocks_first: int = 0  # GEMMs whose column blocks run outside the row blocks (_tile_loop_order)
     unpredicated_blocks: int = 0  # blocks the ragged last tile runs whole (clamped_tail)
+    clamped_row_blocks: int = 0  # GEMMs at the root blocked over symbolic rows (clamped_tail.register_tiles_past_rows)
     tile_sized_blocks: int = 0  # blocks whose batch predicate TVM's buffer sizing ignores (tile_sized_buffers)
     vector_tails: int = 0  # rows run as whole vectors and a narrower tail (vectorize_with_tail)
     interleaved: int = 0  # long values vectorized several registers wide (interleaved_vectors)
@@ -836,13 +837,18 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile
     if cols is None or cols % lanes != 0:
         return False
     row_extent = _static(sch.get(spatial[-2]).extent)
-    rows, vectors = gemm_shapes.register_tile(row_extent, cols // lanes, registers)
+    clamped = row_extent is None and _rows_at_root(sch, block_rv, spatial)
+    rows, vectors = gemm_shapes.register_tile(gemm_shapes.CLAMPED_ROWS if clamped else row_extent, cols // lanes,
+                                              registers)
     col_parts = _split(sch, stats, spatial[-1], [None, vectors, lanes], f"split cols {name}")
     if col_parts is None:
         return False
     row_parts = _split(sch, stats, spatial[-2], [None, rows], f"split rows {name}")
     if row_parts is None:
         return False
+    if clamped and rows > 1 and _try(stats, f"annotate {name}",
+                                     lambda: sch.annotate(block_rv, clamped_tail.ROWS_PAST_BOUND, 1)):
+        stats.clamped_row_blocks += 1
     outer = _tile_loop_order(list(spatial[:-2]), row_parts[0], col_parts[0])
     tile = outer[-1]
     if not _try(stats, f"reorder {name}", lambda: sch.reorder(*outer, k_loop, row_parts[1], col_parts[1], col_parts[2])):
@@ -873,6 +879,15 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile
         if init_loops and sch.get(init_loops[-1]).kind != tvm.tirx.ForKind.VECTORIZED:
             _try(stats, f"vectorize init {name}", lambda: sch.vectorize(init_loops[-1]))
     return True
+
+
+def _rows_at_root(sch, block_rv, spatial) -> bool:
+    """Whether a GEMM's row loop is the outermost loop of its nest (materialized at the root, not
+    under a row tile): `[10*batch, 32] @ [32, 32]` feeding a transpose no row tile can follow.
+    Its symbolic rows then split into register-tile blocks whose last one computes past the rows
+    (clamped_tail.register_tiles_past_rows) instead of one row at a time."""
+    loops = sch.get_loops(block_rv)
+    return len(spatial) == 2 and bool(loops) and sch.get(loops[0]).same_as(sch.get(spatial[0]))
 
 
 def _register_tile_write_back(sch, stats: ScheduleStats, block_rv, tile_loop):
@@ -1286,6 +1301,8 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
         func, stats.unpredicated_blocks = clamped_tail.unpredicated_tail(func, row_tile, stats.tile_rows)
     if tiled is not None and stats.symbolic_rows and not stats.gather_chain:
         func, stats.tile_sized_blocks = clamped_tail.tile_sized_buffers(func, row_tile, stats.tile_rows)
+    if stats.clamped_row_blocks:
+        func = clamped_tail.register_tiles_past_rows(func)
     return func, stats
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ..dim_products import parse_product
 from ..errors import UsageError
 
 ORT_TYPES = {
@@ -44,9 +45,18 @@ def random_array(dtype: str, shape: tuple[int, ...], rng: np.random.Generator, h
 
 
 def concrete_shape(shape, dims: Mapping[str, int], default: int) -> tuple[int, ...]:
-    """Symbolic or unknown dimensions take the value the user gave for that name, else `default`."""
-    return tuple(d if isinstance(d, int) and d >= 0 else dims.get(d, default) if isinstance(d, str) else default
-                 for d in shape)
+    """Symbolic or unknown dimensions take the value the user gave for that name, else `default`;
+    a product of names (`10*s1`, a kernel's group model) the product of their values."""
+    def value(d) -> int:
+        if isinstance(d, int) and d >= 0:
+            return d
+        if not isinstance(d, str):
+            return default
+        product = parse_product(d) if d not in dims else None
+        if product is not None:
+            return product.value({s: dims.get(s, default) for s in product.symbols})
+        return dims.get(d, default)
+    return tuple(value(d) for d in shape)
 
 
 def random_feeds_for_session(session, dims: Mapping[str, int] | None = None, default_dim: int = 3,

@@ -42,9 +42,10 @@
 
 /* ---- The kernel table ------------------------------------------------------------------------
  * A dimension >= 0 is static; a negative one is symbolic: -1 - k names the kernel's symbol k,
- * bound at run time from the first input dimension that carries it. An output may derive a dim
+ * bound at run time from the first input dimension that carries it. A tensor may derive a dim
  * from its symbol: derived[3d] and derived[3d + 1] are then its multiplier and divisor, and
- * derived[3d + 2] the index of a second symbol it is multiplied by (-1: none). */
+ * derived[3d + 2] the index of a second symbol it is multiplied by (-1: none). An input's derived
+ * dim binds nothing: it is checked against its symbols once every input is bound. */
 typedef struct {
     ONNXTensorElementDataType type;
     int32_t rank;
@@ -364,7 +365,8 @@ static OrtStatus *read_input(const kernel_desc *k, int32_t index, const OrtValue
     return status;
 }
 
-/* Checks static dims and binds symbolic ones; the same symbol must have one value everywhere. */
+/* Checks static dims and binds symbolic ones; the same symbol must have one value everywhere.
+ * Derived dims wait for check_derived_dims. */
 static OrtStatus *match_dims(const kernel_desc *k, int32_t index, const int64_t *dims, call_frame *frame) {
     const tensor_desc *desc = &k->inputs[index];
     for (int32_t d = 0; d < desc->rank; d++) {
@@ -375,6 +377,7 @@ static OrtStatus *match_dims(const kernel_desc *k, int32_t index, const int64_t 
                             (long long)dims[d], (long long)want);
             continue;
         }
+        if (is_derived(desc, d)) continue;
         symbol_binding *symbol = &frame->bound[SYMBOL_OF(want)];
         if (symbol->value < 0) {
             *symbol = (symbol_binding){dims[d], index, d};
@@ -382,6 +385,24 @@ static OrtStatus *match_dims(const kernel_desc *k, int32_t index, const int64_t 
             return fail(ORT_INVALID_ARGUMENT, k, "input %d dim %d is %lld, but dim '%s' is %lld (input %d dim %d)",
                         index, d, (long long)dims[d], k->symbols[SYMBOL_OF(want)], (long long)symbol->value,
                         symbol->input, symbol->dim);
+        }
+    }
+    return NULL;
+}
+
+/* Each input dim derived from others ("10*batch") against what its symbols were bound to. */
+static OrtStatus *check_derived_dims(const kernel_desc *k, const call_frame *frame) {
+    int64_t values[k->num_symbols > 0 ? k->num_symbols : 1];
+    for (int32_t s = 0; s < k->num_symbols; s++) values[s] = frame->bound[s].value;
+    for (int32_t i = 0; i < k->num_inputs; i++) {
+        const tensor_desc *desc = &k->inputs[i];
+        const int64_t *shape = frame->tensors[i].shape;
+        for (int32_t d = 0; d < desc->rank; d++) {
+            if (desc->dims[d] >= 0 || !is_derived(desc, d)) continue;
+            int64_t want = derived_dim(desc, d, values);
+            if (shape[d] != want)
+                return fail(ORT_INVALID_ARGUMENT, k, "input %d dim %d is %lld, expected %lld from the other inputs' dims",
+                            i, d, (long long)shape[d], (long long)want);
         }
     }
     return NULL;
@@ -410,7 +431,7 @@ static OrtStatus *bind_inputs(const kernel_instance *instance, OrtKernelContext 
         describe_tensor(&frame->tensors[i], &k->inputs[i], shape, data);
         shape += k->inputs[i].rank;
     }
-    return NULL;
+    return check_derived_dims(k, frame);
 }
 
 static OrtStatus *bind_outputs(const kernel_desc *k, OrtKernelContext *ctx, call_frame *frame) {
@@ -618,7 +639,7 @@ static OrtStatus *bind_symbols_for_inference(const kernel_desc *k, OrtShapeInfer
         if (!status) status = ORT_API_FN(ort, GetSymbolicDimensions)(info, names, rank);
         if (status) return status;
         for (size_t d = 0; d < rank; d++) {
-            if (desc->dims[d] >= 0) continue;
+            if (desc->dims[d] >= 0 || is_derived(desc, (int32_t)d)) continue;
             int32_t s = SYMBOL_OF(desc->dims[d]);
             if (bound[s] < 0 && dims[d] >= 0) bound[s] = dims[d];
             if (!bound_name[s][0] && names[d] && names[d][0]) bound_name[s] = names[d];
