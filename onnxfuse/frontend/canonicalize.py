@@ -15,7 +15,8 @@ The passes, in order (each file states its guarantee):
    BatchNormalization after a Conv folded into it as onnxruntime folds it
    (`fold_batch_norms.py`), shape plumbing
    resolved (`shape_plumbing.py`), dims sized by that plumbing named where exact
-   (`plumbed_dims.py`), a Slice of an axis' last element and the Squeeze of that axis written as
+   (`plumbed_dims.py`), an unnamed dim across a Reshape solved from its other side
+   (`reshape_products.py`), a Slice of an axis' last element and the Squeeze of that axis written as
    one Gather (`last_element_gathers.py`), the axes a Slice takes whole dropped from it
    (`whole_axis_slices.py`), a Loop's carried dims made its initial value's where the body
    keeps them (`loop_carried_dims.py`), dead nodes and initializers removed (onnx-ir's
@@ -50,6 +51,7 @@ from .lift_constants import LiftConstantsPass
 from .loop_carried_dims import LoopCarriedDimsPass
 from .name_input_dims import NameUnknownInputDimsPass
 from .plumbed_dims import NamePlumbedDimsPass
+from .reshape_products import ReshapeProductsPass
 from .shape_plumbing import ResolveShapePlumbingPass
 from .sparse_constants import densify_sparse_constants, has_sparse_tensors
 from .whole_axis_slices import WholeAxisSlicesPass
@@ -67,6 +69,7 @@ def canonical_passes(max_folded_elements: int = MAX_FOLDED_ELEMENTS, batch_first
             FoldBatchNormsPass(),
             ResolveShapePlumbingPass(),
             NamePlumbedDimsPass(),
+            ReshapeProductsPass(),
             LastElementGathersPass(),
             WholeAxisSlicesPass(),
             LoopCarriedDimsPass(),
