@@ -278,6 +278,26 @@ class PreNormBlock(nn.Module):
         return x + self.fc2(nn.functional.gelu(self.fc1(self.norm3(x))))
 
 
+class VitBlock(nn.Module):
+    """torchvision's ViT encoder block at a small size: LayerNorm, nn.MultiheadAttention
+    (batch_first) over a fixed number of patches, residual; LayerNorm, Linear-GELU-Linear,
+    residual. The sequence is static (the patches of a fixed image size) and the batch symbolic,
+    as a ViT is exported for serving: the attention's out-projection then reads `[17*batch, 32]`."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, hidden: int = 64):
+        super().__init__()
+        torch.backends.mha.set_fastpath_enabled(False)
+        self.ln_1 = nn.LayerNorm(dim, eps=1e-6)
+        self.self_attention = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.ln_2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, x):  # x: [B, 17, dim]
+        h = self.ln_1(x)
+        x = x + self.self_attention(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.ln_2(x))
+
+
 class BranchyCell(nn.Module):
     """Data-dependent branch: if the input's mean is positive an LSTMCell step, else a 2-layer
     MLP gating c. Both branches return new (h, c) of shape [B, 128] (torch.cond forbids a
@@ -421,6 +441,12 @@ def _specs():
                  "Linear(64, 32), each with a residual Add",
         feeds={"x": _randn(rng, nb, 10, 32)}, outputs=["y"], batch_axes={"x": (1, 0)},
         dynamo_defaults=True))
+    specs.append(dict(
+        stem="vit_block", make=VitBlock,
+        computes="torchvision-style ViT encoder block on x [B, 17, 32] (16 patches and a class token; "
+                 "the sequence static, the batch symbolic): LayerNorm + nn.MultiheadAttention(32, 4, "
+                 "batch_first=True) + residual, LayerNorm + Linear(32, 64)-GELU-Linear(64, 32) + residual",
+        feeds={"x": _randn(rng, nb, 17, 32)}, outputs=["y"], batch_axes={"x": 0}))
     return specs
 
 
