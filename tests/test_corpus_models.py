@@ -38,7 +38,8 @@ from onnxfuse.verify import verify_models
 CORPUS = Path(__file__).resolve().parent.parent / "models" / "exported"
 SUBSET = ["lstm_cell_stacked_ts", "gru_cell_dynamo", "hb_rf_tree_trav", "hb_lgbm_perf_tree_trav",
           "bert_tiny_2l_dynamo", "mobilenet_tiny_ts", "skl2onnx_mlp", "denoiser_tiny_dynamo", "keras_mlp", "keras_gru",
-          "keras_encoder", "transformer_layer_dynamo", "prenorm_block_dynamo_defaults", "vit_block_dynamo"]
+          "keras_encoder", "transformer_layer_dynamo", "prenorm_block_dynamo_defaults", "vit_block_dynamo",
+          "vit_block_ts"]
 RUN_TIME_INPUT = re.compile(r"input (\d+) of \w+ is computed at run time")
 UNKNOWN = re.compile(r"\b(dtype|shape) of .* is unknown")
 SHAPE_GAP = re.compile(UNKNOWN.pattern + r"|dimension .* is an expression")

@@ -263,15 +263,18 @@ def has_untiled_columns(graph: Graph, node: Node) -> bool:
     call, so only small weights are; or K is symbolic). It gets no register tile: its dot
     products run scalar, along the weight's columns. Default output, 1 thread, against
     onnxruntime at batch 1 / 64 / 1,000: [N, 100] @ [100, 100] + bias + Relu 0.36x / 0.03x / 0.02x,
-    [N, 128] @ [128, 200] 0.20x / 0.03x / 0.02x, [N, 512] @ [512, 10] 1.03x / 0.28x / 0.27x."""
+    [N, 128] @ [128, 200] 0.20x / 0.03x / 0.02x, [N, 512] @ [512, 10] 1.03x / 0.28x / 0.27x. A
+    weight computed at run time counts as too large: attention's probabilities @ V with heads of
+    8 (vit_block_ts, `[N, 4, 17, 17] @ [N, 4, 17, 8]` and the Transpose after it) ran 0.62x / 0.56x
+    of onnxruntime at batch 64 / 1,000 (AMD EPYC, 1 thread)."""
     if node.op_type not in MATRIX_PRODUCTS or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2 \
             or not node.outputs:
         return False
     out, weight = graph.value(node.outputs[0]).shape, graph.value(node.inputs[1]).shape
     if not out or len(out) < 2 or not isinstance(out[-1], int) or out[-1] % WHOLE_VECTORS == 0:
         return False
-    if not weight or len(weight) < 2:
-        return True
+    if not weight or len(weight) < 2 or graph.value(node.inputs[1]).producer is not None:
+        return True  # a weight a node computes (attention's V with heads of 8) is padded on every call
     transposed = node.op_type == "Gemm" and node.attributes.get("transB", 0)
     k = weight[-1] if transposed else weight[-2]
     return not isinstance(k, int) or gemm_shapes.padded_columns(out[-1], k, WHOLE_VECTORS) is None
