@@ -23,6 +23,10 @@ Only kernels with one symbolic dimension (the batch) are rewritten by unpredicat
 loop's `k < seq` inside the tile too), made the compiler process abort on heap corruption and
 TVM reject the TIR (a weight used without declaration). Only the row tile's own bound is dropped
 now, but such kernels were not tried again: they keep their predicates.
+
+A GEMM no row tile can take (its rows in another order than the output's) stays a loop nest of
+its own at the root; register_tiles_past_rows gives its symbolic rows the same treatment, block
+by register-tile block (schedule._rows_at_root).
 """
 
 from __future__ import annotations
