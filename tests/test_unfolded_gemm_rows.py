@@ -73,8 +73,9 @@ def test_the_head_split_reads_its_source_without_dividing_by_the_batch():
     batch`: exact_row_indices runs again on the scheduled kernel, which reads x[0, s, b, h * 8 + e]
     (a division per lane had made it 0.35x of onnxruntime's Transpose and Mul)."""
     scheduled, _ = schedule_group(relax_import.import_group(head_split(), "k").prim_func, registers=AVX512)
-    script = scheduled.script()
-    assert "// batch" not in script and "% batch" not in script
+    code = [line for line in scheduled.script().splitlines() if "T.reads(" not in line]  # regions stay as TVM wrote them
+    assert "x[T.int64(0), v_i2, v_i0, v_i1 * T.int64(8) + v_i3]" in "\n".join(code)
+    assert not [line for line in code if "// batch" in line or "% batch" in line]
 
 
 @pytest.mark.parametrize("batch", [1, 3, 9, 64])

@@ -30,6 +30,8 @@ batch 1 for 8 rows, and its GEMMs ran 1-row tiles: 1.08x onnxruntime where the u
 
 from __future__ import annotations
 
+import functools
+
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
@@ -130,6 +132,48 @@ def exact_row_indices(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
 
     body = tvm_ffi.structural_map(func.body, [(tirx.FloorDiv, rewrite), (tirx.FloorMod, rewrite)], order="post")
     return ieee_order.simplify(func.with_body(body))
+
+
+def exact_load_indices(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """exact_row_indices on a scheduled kernel's buffer indices alone, each simplified with its
+    block's variables bounded by their domains. Inlining joins a chain of Reshapes' reads into
+    one, where `(b * 4 + h) // 4 // batch` appears only then (a ViT's heads split from a packed
+    projection). Unlike exact_row_indices it leaves every value alone: inlined integer data
+    arithmetic wraps, which TVM's simplifier assumes it does not (abs of INT_MIN)."""
+    def rewrite_block(block):
+        analyzer = tvm.sym.Analyzer()
+        extents = {}
+        for iv in block.iter_vars:
+            analyzer.bind(iv.var, iv.dom)
+            if getattr(iv.dom.min, "value", None) == 0:
+                extents[iv.var] = iv.dom.extent
+
+        def exact(node):
+            quotient, rest = _quotient_and_rest(node.a, node.b)
+            if len(rest) != 1 or rest[0] not in extents or not extents[rest[0]].same_as(node.b):
+                return node
+            if isinstance(node, tirx.FloorMod):
+                return rest[0]
+            return functools.reduce(lambda a, b: a + b, quotient, tirx.const(0, rest[0].ty.dtype))
+
+        def index(expr):
+            if not str(getattr(getattr(expr, "ty", None), "dtype", "")).startswith("int"):
+                return expr
+            simpler = tvm_ffi.structural_map(analyzer.simplify(expr), [(tirx.FloorDiv, exact), (tirx.FloorMod, exact)],
+                                             order="post")
+            return analyzer.simplify(simpler)
+
+        def load(node):
+            return tirx.BufferLoad(node.source, [index(i) for i in node.indices])
+
+        def store(node):
+            return tirx.BufferStore(node.buffer, node.value, [index(i) for i in node.indices])
+
+        body = tvm_ffi.structural_map(block.body, [(tvm.ir.TensorLoad, load), (tirx.BufferStore, store)], order="post")
+        return s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, block.init,
+                            block.alloc_buffers, block.match_buffers, block.annotations)
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(s_tir.SBlock, rewrite_block)], order="post"))
 
 
 def leading_dims(func: tvm.tirx.PrimFunc) -> tuple | None:

@@ -1303,7 +1303,7 @@ def schedule_group(func, allow_parallel: bool = True, max_duplication: int = DEF
         func, stats.tile_sized_blocks = clamped_tail.tile_sized_buffers(func, row_tile, stats.tile_rows)
     if stats.clamped_row_blocks:
         func = clamped_tail.register_tiles_past_rows(func)
-    return fold_rows.exact_row_indices(func), stats  # again: inlining joined a Reshape's reads into new ones
+    return fold_rows.exact_load_indices(func), stats  # inlining joined Reshapes' reads into new ones
 
 
 def needs_small_batch_variant(stats: ScheduleStats) -> bool:
