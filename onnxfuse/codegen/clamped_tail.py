@@ -52,8 +52,24 @@ def _param_buffers(func) -> list:
 def _is_batch_bound(condition, row_tile, shape_vars: set) -> bool:
     """`row < N`: the row tile's rows bounded by a symbolic dimension (not, say, a vector loop's
     `k < seq` inside the tile, whose reads past seq would be real reads of other rows)."""
-    return isinstance(condition, tirx.LT) and tir_walk.uses_var(condition.a, row_tile) \
-        and bool(tir_walk.vars_in(condition.b) & shape_vars) and not (tir_walk.vars_in(condition.a) & shape_vars)
+    return _bounds_rows(condition, shape_vars) and tir_walk.uses_var(condition.a, row_tile)
+
+
+def _bounds_rows(condition, shape_vars: set) -> bool:
+    """`row < N`: loop variables bounded by an expression of the symbolic dims alone."""
+    return isinstance(condition, tirx.LT) and bool(tir_walk.vars_in(condition.b) & shape_vars) \
+        and not (tir_walk.vars_in(condition.a) & shape_vars)
+
+
+def _clamped_realize(realize, clamp: set, kept: list):
+    """`realize` under the predicate `kept` alone, its block's reads of `clamp` kept inside their
+    symbolic dims. The read regions stay as they were: they cover the clamped reads, which touch less."""
+    block = realize.block
+    body = _clamped_loads(block.body, clamp)
+    init = _clamped_loads(block.init, clamp) if block.init is not None else None
+    new_block = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, init,
+                             block.alloc_buffers, block.match_buffers, block.annotations)
+    return s_tir.SBlockRealize(realize.iter_values, tirx.all(*kept) if kept else tirx.const(True, "bool"), new_block)
 
 
 def _clamped_loads(body, clamp: set):
@@ -178,15 +194,8 @@ def unpredicated_tail(func: tirx.PrimFunc, row_tile, tile_rows: int) -> tuple[ti
         block = realize.block
         if block.name_hint not in freed:
             return realize
-        clamp = {b for b in _read_buffers(block) if b not in written_in_tile}
-        body = _clamped_loads(block.body, clamp)
-        init = _clamped_loads(block.init, clamp) if block.init is not None else None
-        # The read regions stay as they were: they cover the clamped reads, which touch less.
-        new_block = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, init,
-                                 block.alloc_buffers, block.match_buffers, block.annotations)
-        kept = freed[block.name_hint]
-        predicate = tirx.all(*kept) if kept else tirx.const(True, "bool")
-        return s_tir.SBlockRealize(realize.iter_values, predicate, new_block)
+        return _clamped_realize(realize, {b for b in _read_buffers(block) if b not in written_in_tile},
+                                freed[block.name_hint])
 
     func = func.with_body(tvm_ffi.structural_map(func.body, [(s_tir.SBlockRealize, rewrite)], order="post"))
     symbolic = {b for b in written_in_tile if any(not isinstance(e, tirx.IntImm) for e in b.shape)}
@@ -220,19 +229,6 @@ def register_tiles_past_rows(func: tirx.PrimFunc) -> tirx.PrimFunc:
         kept = [c for c in conditions if not _bounds_rows(c, shape_vars)]
         if len(kept) == len(conditions):
             return realize
-        clamp = {b for b in _read_buffers(block) if b.scope() != "local"}  # not the accumulators themselves
-        body = _clamped_loads(block.body, clamp)
-        init = _clamped_loads(block.init, clamp) if block.init is not None else None
-        new_block = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, init,
-                                 block.alloc_buffers, block.match_buffers, block.annotations)
-        return s_tir.SBlockRealize(realize.iter_values, tirx.all(*kept) if kept else tirx.const(True, "bool"),
-                                   new_block)
+        return _clamped_realize(realize, {b for b in _read_buffers(block) if b.scope() != "local"}, kept)
 
     return func.with_body(tvm_ffi.structural_map(func.body, [(s_tir.SBlockRealize, rewrite)], order="post"))
-
-
-def _bounds_rows(condition, shape_vars: set) -> bool:
-    """`row < N`: loop variables bounded by an expression of the symbolic dims alone."""
-    return isinstance(condition, tirx.LT) and bool(tir_walk.vars_in(condition.b) & shape_vars) \
-        and not (tir_walk.vars_in(condition.a) & shape_vars)
-

@@ -119,19 +119,22 @@ def exact_row_indices(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
 
     tvm_ffi.structural_map(func.body, [(s_tir.SBlock, collect)], order="post")
 
-    def rewrite(node):
-        quotient, rest = _quotient_and_rest(node.a, node.b)
-        if len(rest) != 1 or rest[0] not in extents or not extents[rest[0]].same_as(node.b):
-            return node
-        if isinstance(node, tirx.FloorMod):
-            return rest[0]
-        total = tirx.const(0, rest[0].ty.dtype)
-        for q in quotient:
-            total = total + q
-        return total
-
-    body = tvm_ffi.structural_map(func.body, [(tirx.FloorDiv, rewrite), (tirx.FloorMod, rewrite)], order="post")
+    body = _exact_divisions(func.body, extents)
     return ieee_order.simplify(func.with_body(body))
+
+
+def _exact_divisions(node, extents: dict):
+    """`node` with `(q * d + v) // d` written q and `(q * d + v) % d` written v, for every v in
+    `extents` (a block variable over [0, d), d its extent)."""
+    def exact(division):
+        quotient, rest = _quotient_and_rest(division.a, division.b)
+        if len(rest) != 1 or rest[0] not in extents or not extents[rest[0]].same_as(division.b):
+            return division
+        if isinstance(division, tirx.FloorMod):
+            return rest[0]
+        return functools.reduce(lambda a, b: a + b, quotient, tirx.const(0, rest[0].ty.dtype))
+
+    return tvm_ffi.structural_map(node, [(tirx.FloorDiv, exact), (tirx.FloorMod, exact)], order="post")
 
 
 def exact_load_indices(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
@@ -148,20 +151,10 @@ def exact_load_indices(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
             if getattr(iv.dom.min, "value", None) == 0:
                 extents[iv.var] = iv.dom.extent
 
-        def exact(node):
-            quotient, rest = _quotient_and_rest(node.a, node.b)
-            if len(rest) != 1 or rest[0] not in extents or not extents[rest[0]].same_as(node.b):
-                return node
-            if isinstance(node, tirx.FloorMod):
-                return rest[0]
-            return functools.reduce(lambda a, b: a + b, quotient, tirx.const(0, rest[0].ty.dtype))
-
         def index(expr):
             if not str(getattr(getattr(expr, "ty", None), "dtype", "")).startswith("int"):
                 return expr
-            simpler = tvm_ffi.structural_map(analyzer.simplify(expr), [(tirx.FloorDiv, exact), (tirx.FloorMod, exact)],
-                                             order="post")
-            return analyzer.simplify(simpler)
+            return analyzer.simplify(_exact_divisions(analyzer.simplify(expr), extents))
 
         def load(node):
             return tirx.BufferLoad(node.source, [index(i) for i in node.indices])
