@@ -137,6 +137,25 @@ def _exact_divisions(node, extents: dict):
     return tvm_ffi.structural_map(node, [(tirx.FloorDiv, exact), (tirx.FloorMod, exact)], order="post")
 
 
+def block_index_simplifier(block):
+    """A function simplifying an integer index expression of `block`, its variables bounded by
+    their domains and exact divisions by their extents written out (_exact_divisions); other
+    expressions are returned as they are."""
+    analyzer = tvm.sym.Analyzer()
+    extents = {}
+    for iv in block.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+        if getattr(iv.dom.min, "value", None) == 0:
+            extents[iv.var] = iv.dom.extent
+
+    def index(expr):
+        if not str(getattr(getattr(expr, "ty", None), "dtype", "")).startswith("int"):
+            return expr
+        return analyzer.simplify(_exact_divisions(analyzer.simplify(expr), extents))
+
+    return index
+
+
 def exact_load_indices(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """exact_row_indices on a scheduled kernel's buffer indices alone, each simplified with its
     block's variables bounded by their domains. Inlining joins a chain of Reshapes' reads into
@@ -144,17 +163,7 @@ def exact_load_indices(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     projection). Unlike exact_row_indices it leaves every value alone: inlined integer data
     arithmetic wraps, which TVM's simplifier assumes it does not (abs of INT_MIN)."""
     def rewrite_block(block):
-        analyzer = tvm.sym.Analyzer()
-        extents = {}
-        for iv in block.iter_vars:
-            analyzer.bind(iv.var, iv.dom)
-            if getattr(iv.dom.min, "value", None) == 0:
-                extents[iv.var] = iv.dom.extent
-
-        def index(expr):
-            if not str(getattr(getattr(expr, "ty", None), "dtype", "")).startswith("int"):
-                return expr
-            return analyzer.simplify(_exact_divisions(analyzer.simplify(expr), extents))
+        index = block_index_simplifier(block)
 
         def load(node):
             return tirx.BufferLoad(node.source, [index(i) for i in node.indices])

@@ -33,6 +33,7 @@ simpler (still valid) schedule rather than a failure.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import tvm
@@ -52,6 +53,7 @@ from . import (
     row_sums,
     tir_walk,
     tree_schedule,
+    vector_runs,
 )
 from .register_file import AVX512, RegisterFile
 
@@ -84,6 +86,7 @@ class ScheduleStats:
     tile_sized_blocks: int = 0  # blocks whose batch predicate TVM's buffer sizing ignores (tile_sized_buffers)
     vector_tails: int = 0  # rows run as whole vectors and a narrower tail (vectorize_with_tail)
     interleaved: int = 0  # long values vectorized several registers wide (interleaved_vectors)
+    narrowed_to_runs: int = 0  # vector loops narrowed so that each load reads one run (vector_runs)
     parallel: bool = False
     tile_rows: int = 0
     gemm_sized_tiles: bool = False  # row tiles of a GEMM group's size (gemm_tile_rows): a small batch is all tail
@@ -532,17 +535,25 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
         trailing, lanes = trailing[-1:], _row_lanes(innermost, lanes)
         if not lanes:
             return
-    extent = 1
-    for loop in trailing:
-        extent *= _static(sch.get(loop).extent)
+    extents = [_static(sch.get(loop).extent) for loop in trailing]
+    extent = math.prod(extents)
     if extent < 2:
+        return
+    contiguous = vector_runs.contiguous_lanes(block, extents, lanes)
+    if not contiguous:
         return
     name = block.name_hint
     holder = {}
     if not _try(stats, f"fuse {name}", lambda: holder.update(loop=sch.fuse(*trailing) if len(trailing) > 1 else trailing[0])):
         return
     fused = holder["loop"]
-    register_lanes, lanes = lanes, _interleaved_lanes(block, extent, lanes, registers)
+    if contiguous < lanes:  # narrower vectors, each a run of every load (vector_runs); never interleaved
+        stats.narrowed_to_runs += 1
+        register_lanes = lanes = contiguous
+    else:
+        register_lanes, lanes = lanes, _interleaved_lanes(block, extent, lanes, registers)
+        if lanes > register_lanes and vector_runs.contiguous_lanes(block, extents, lanes) != lanes:
+            lanes = register_lanes  # several registers wide, a vector would read more than one run
     if extent > lanes and extent % lanes == 0:
         if not _try(stats, f"split {name}", lambda: holder.update(parts=sch.split(fused, [None, lanes]))):
             return
