@@ -13,7 +13,7 @@ from onnx_builder import const_i64, model, node, weights
 import onnxfuse
 from onnxfuse.frontend.loader import load_model
 from onnxfuse.fusion.plan import plan_fusion
-from onnxfuse.select.auto import auto_rejects, leave_to_onnxruntime, only_moves_data
+from onnxfuse.select.auto import auto_rejects, leave_to_onnxruntime, only_moves_data, transposes_a_copy
 
 
 def save(tmp_path, proto, name="m.onnx"):
@@ -95,6 +95,26 @@ def test_a_group_that_only_moves_data_is_declined_and_one_that_computes_is_not(t
         feeds = {"X": np.random.default_rng(1).standard_normal((8, 2, 3, 16)).astype(np.float32)}
         expected, actual = run_both(source, result.model_path, feeds)
         assert_outputs_match(expected, actual)
+
+
+def test_a_head_split_that_transposes_a_copy_is_compiled(tmp_path, cache):
+    """v of a ViT's packed projection split into heads (Gather, Reshape, Transpose, Reshape): two
+    copies in onnxruntime, one in the kernel; the GRU's Transpose + Reshape above stays declined."""
+    split = model([node("Gather", ["X", "zero"], "v", axis=0), node("Reshape", ["v", "by_head"], "r"),
+                   node("Transpose", ["r"], "t", perm=[1, 0, 2]), node("Reshape", ["t", "heads"], "Y")],
+                  {"X": [3, 17, "N", 32]}, {"Y": ["N", 4, 17, 8]},
+                  {"zero": np.array(2, np.int64), "by_head": const_i64(17, -1, 8), "heads": const_i64(-1, 4, 17, 8)})
+    assert transposes_a_copy(("Gather", "Reshape", "Transpose", "Reshape"))
+    assert not transposes_a_copy(("Transpose", "Reshape")) and not transposes_a_copy(("Gather", "Unsqueeze", "Concat"))
+    source = save(tmp_path, split)
+    plan, _ = plan_of(source)
+    assert len(plan.groups) == 1 and auto_rejects(plan.groups[0]) is None
+    result = onnxfuse.optimize(source, tmp_path / "out" / "split.fused.onnx", cache_dir=cache, jobs=1)
+    assert result.report["groups"][0]["status"] == "compiled"
+    for batch in (1, 5):
+        feeds = {"X": np.random.default_rng(batch).standard_normal((3, 17, batch, 32)).astype(np.float32)}
+        expected, actual = run_both(source, result.model_path, feeds)
+        np.testing.assert_array_equal(expected[0], actual[0])
 
 
 def test_a_product_with_symbolic_columns_and_its_elementwise_chain_stay_with_onnxruntime(tmp_path):

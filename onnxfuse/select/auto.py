@@ -62,6 +62,9 @@ And one kind of group:
   call. The Transpose + Reshape after a GRU (exporters' [seq, dirs, N, H] -> [seq, N, dirs*H])
   left gru_1l_dynamo at 0.93x and gru_2l_bi_state_ts at 0.74x of onnxruntime at batch 1, and
   gained at most 1.03x at batch 1000 (1 thread, CPU time, default_sweep).
+  Unless it transposes a copy (transposes_a_copy): a ViT's v split into heads (Gather of the
+  packed projection, Reshape, Transpose, Reshape) is two copies in onnxruntime and one in the
+  kernel, which ran 2.9x onnxruntime's nodes at batch 64 and 6.3x at 1,000 (bench --groups).
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ def auto_rejects(group: FusedGroup, graph: Graph | None = None) -> str | None:
     slow = uncompetitive_ops(op for index, op in zip(group.node_indices, group.op_types) if index not in ours)
     if slow:
         return _why(slow)
-    if only_moves_data(group.op_types):
+    if only_moves_data(group.op_types) and not transposes_a_copy(group.op_types):
         return ("auto: it only moves data (no op computes a value): onnxruntime's copies and reshapes are "
                 "as fast, and a kernel adds a custom op's call")
     return None
@@ -106,6 +109,17 @@ def only_moves_data(op_types) -> bool:
     """Every op is injective: each output element is one input element (see the module doc)."""
     infos = [op_info(op) for op in op_types]
     return bool(infos) and all(info is not None and info.kind == OpKind.INJECTIVE for info in infos)
+
+
+RELABELS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+"""Injective ops onnxruntime runs without copying (the output shares the input's buffer)."""
+
+
+def transposes_a_copy(op_types) -> bool:
+    """A Transpose and another op that copies (a Gather, a Slice, a second Transpose): onnxruntime
+    copies the data twice, the kernel once (see the module doc)."""
+    copies = [op for op in op_types if op not in RELABELS]
+    return "Transpose" in copies and len(copies) >= 2
 
 
 def leave_to_onnxruntime(graph: Graph) -> dict[int, str]:
