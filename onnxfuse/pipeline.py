@@ -41,7 +41,7 @@ from .gates import is_compute_op
 from .ir import Graph
 from .kernel_identity import CanonicalGroup, canonical_group
 from .kernel_spec import GroupKernel, KernelSpec, file_sha256
-from .model_file import stage_model
+from .model_file import load_unchanged, stage_model
 from .output_paths import OutputError, OutputPaths, check_outputs, describe
 from .package import package_model
 from .progress import Progress
@@ -315,7 +315,7 @@ def _write_outputs(model_path: Path, graph: Graph, fused: list, out: OutputPaths
         if library:
             library_files.add(library)
         return (package_model(graph, kept, out.library.name, tgt, consume=consume, library_digest=file_sha256(library))
-                if kept else graph.model), library
+                if kept else load_unchanged(model_path)), library
 
     try:
         out.model.parent.mkdir(parents=True, exist_ok=True)
