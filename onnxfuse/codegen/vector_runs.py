@@ -15,6 +15,7 @@ import math
 import tvm
 
 from . import fold_rows, tir_walk
+from .index_math import flat_index
 
 NARROWEST = 4  # lanes: below a 128-bit vector of floats, a gather is no worse than scalar code
 
@@ -28,7 +29,8 @@ def contiguous_lanes(block, extents: list[int], lanes: int) -> int:
     stays inside one output row (a strided load), else 0: no vector loop. A vector spanning rows
     of a true transpose (out[b, h, d, s] = x[s, b, 8h + d], rows of 17) computed each lane's
     row and column with a division and gathered: 78 us where scalar loops took 33."""
-    if math.prod(extents) % lanes or math.prod(extents) == lanes:
+    total = math.prod(extents)
+    if total % lanes or total == lanes:
         return lanes  # not split into vectors of `lanes` (one vector, or not vectorized): as it was
     variables = block.iter_vars[len(block.iter_vars) - len(extents):]
     if len(variables) != len(extents) or any(tir_walk.static_int(iv.dom.extent) != e
@@ -51,10 +53,7 @@ def _load_coefficients(block, variables) -> list[list]:
     found = []
     for expr in tir_walk.store_value_exprs(block):
         for load in tir_walk.iter_loads(expr):
-            address, stride = tvm.tirx.const(0, "int64"), tvm.tirx.const(1, "int64")
-            for i, dim in reversed(list(zip(load.indices, load.source.shape))):
-                address = address + _int64(index(i)) * stride
-                stride = stride * _int64(dim)
+            address = flat_index([_int64(d) for d in load.source.shape], [_int64(index(i)) for i in load.indices])
             linear = tvm.sym.detect_linear_equation(analyzer.simplify(address), variables)
             if len(linear):
                 found.append(list(linear)[:-1])

@@ -75,6 +75,7 @@ from ..codegen import gemm_shapes
 from ..fusion.forward_graph import is_row_mean_pool
 from ..fusion.onnxruntime_fused_ops import MLAS_K_BLOCK
 from ..fusion.plan import FusedGroup
+from ..gates import is_compute_op
 from ..ir import Graph, Node
 from ..ops import OpKind, op_info, uncompetitive_ops
 
@@ -111,14 +112,11 @@ def only_moves_data(op_types) -> bool:
     return bool(infos) and all(info is not None and info.kind == OpKind.INJECTIVE for info in infos)
 
 
-RELABELS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
-"""Injective ops onnxruntime runs without copying (the output shares the input's buffer)."""
-
-
 def transposes_a_copy(op_types) -> bool:
     """A Transpose and another op that copies (a Gather, a Slice, a second Transpose): onnxruntime
-    copies the data twice, the kernel once (see the module doc)."""
-    copies = [op for op in op_types if op not in RELABELS]
+    copies the data twice, the kernel once (see the module doc). Reshapes and the like relabel a
+    buffer (gates.SHAPE_PLUMBING) and copy nothing."""
+    copies = [op for op in op_types if is_compute_op(op)]
     return "Transpose" in copies and len(copies) >= 2
 
 
