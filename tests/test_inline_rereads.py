@@ -1,9 +1,11 @@
 """A cheap block of the kernel's inputs read twice by its consumer (a residual Add under a Relu's
-select) is inlined (schedule._cheap_reread_of_inputs), and still computes what onnxruntime does."""
+select), or read many times at one index (a Relu under a Sigmoid's and a Tanh's clamps), is inlined
+(schedule._cheap_reread_of_inputs), and still computes onnxruntime's bits."""
 
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime as ort
 from onnx import helper as h
 from test_codegen import check_against_ort, f32, make_model
 
@@ -38,3 +40,42 @@ def test_chains_of_rereads_stay_bounded(tmp_path):
     assert compiled.stats["max_copies"] <= 2 and compiled.stats["materialized"] >= 2
     check_against_ort(compiled, model, {n: np.random.default_rng(1).standard_normal((5, 64)).astype(np.float32)
                                         for n in ("a", "x")})
+
+
+def _same_bits_as_ort(compiled, model, batches, columns):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    reference = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    for batch in batches:
+        x = (4 * np.random.default_rng(batch).standard_normal((batch, *columns))).astype(np.float32)
+        x.reshape(-1)[:6] = [np.nan, -np.inf, np.inf, -0.0, 30.0, -30.0]  # past both clamps
+        expected = reference.run(None, {"x": x})[0]
+        got = compiled.run({"x": x})[0]
+        assert np.array_equal(got.view(np.uint32), expected.view(np.uint32)), f"batch {batch}"
+
+
+def diamond():
+    """models/diamond.onnx's shape: Relu, then Sigmoid and Tanh of it, added and halved."""
+    nodes = [h.make_node("Relu", ["x"], ["top"]), h.make_node("Sigmoid", ["top"], ["l"]),
+             h.make_node("Tanh", ["top"], ["r"]), h.make_node("Add", ["l", "r"], ["y"])]
+    return make_model(nodes, [f32("x", ["N", 32])], [f32("y", ["N", 32])])
+
+
+def test_a_relu_under_two_clamps_is_inlined_with_onnxruntimes_bits(tmp_path):
+    """Each use of a clamp re-expands it, so the Relu is read over a hundred times, all at one
+    index: inlined, the kernel is one pass with no workspace."""
+    model = diamond()
+    compiled = compile_group(model, "k", resolve_target("native"), tmp_path)
+    assert compiled.stats["materialized"] == 1 and compiled.stats["max_copies"] > 100
+    _same_bits_as_ort(compiled, model, (1, 3, 64, 300), (32,))
+
+
+def test_a_value_read_at_two_indices_stays_materialized(tmp_path):
+    """Sigmoid(r) + Tanh(r transposed): copies of r at two indices are two computations per
+    element, not one common subexpression, so r is computed once and read back."""
+    nodes = [h.make_node("Relu", ["x"], ["r"]), h.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1]),
+             h.make_node("Sigmoid", ["r"], ["l"]), h.make_node("Tanh", ["t"], ["u"]), h.make_node("Add", ["l", "u"], ["y"])]
+    model = make_model(nodes, [f32("x", ["N", 8, 8])], [f32("y", ["N", 8, 8])])
+    compiled = compile_group(model, "k", resolve_target("native"), tmp_path)
+    assert compiled.stats["materialized"] == 2
+    _same_bits_as_ort(compiled, model, (1, 5), (8, 8))

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import tvm
 import tvm_ffi
-from tvm import s_tir
+from tvm import s_tir, tirx
 
 from ..errors import short_reason
 from . import (
@@ -212,6 +212,11 @@ def _cheap_gemm_epilogue(sch, block_rv) -> bool:
 
 
 REREAD_COPIES = 2  # a Relu's select(x < 0, 0, x) reads x twice
+# Copies of a cheap value of the inputs where each consumer reads it at one index: diamond's
+# Relu is read 114 times by the clamps of its Sigmoid and Tanh (each use of a clamp re-expands
+# it). Its consumer already holds that many loads; inlining grows it at most CHEAP_EPILOGUE_NODES
+# times, once (nothing it reads is inlined further).
+SHARED_COPIES = 256
 
 
 def _kernel_params(sch) -> set[str]:
@@ -221,15 +226,26 @@ def _kernel_params(sch) -> set[str]:
 
 def _cheap_reread_of_inputs(sch, block_rv, copies: int) -> bool:
     """A few operations on the kernel's own inputs (a residual Add), read at most twice (by a
-    Relu's select): inlined, since LLVM computes the copies once, and a block that reads only
-    inputs starts no chain along which copies could multiply. Materialised, the residual Add +
-    Relu after a Conv (conv_block, [1000, 16, 16, 16]) wrote and re-read a whole tile: its
-    kernel took 4.6 ms where onnxruntime's Add and Relu took 3.6 ms together."""
+    Relu's select), or up to SHARED_COPIES times where each consumer reads it at one index (a
+    Relu feeding a Sigmoid and a Tanh, whose clamps read it a dozen times): inlined, since LLVM
+    computes the copies in one consumer once, and a block that reads only inputs starts no chain
+    along which copies could multiply. Materialised, the residual Add + Relu after a Conv
+    (conv_block, [1000, 16, 16, 16]) wrote and re-read a whole tile: its kernel took 4.6 ms
+    where onnxruntime's Add and Relu took 3.6 ms together; diamond's Relu cost a pass and a
+    workspace (paired rounds at batch 64 / 1,000: 1.44x / 1.56x onnxruntime, inlined 1.57x /
+    1.92x)."""
     value = _small_store_value(sch.get(block_rv))
-    if copies > REREAD_COPIES or value is None:
+    if copies > SHARED_COPIES or value is None:
         return False
     inputs = _kernel_params(sch)
-    return all(load.source.name in inputs for load in tir_walk.iter_loads(value))
+    if not all(load.source.name in inputs for load in tir_walk.iter_loads(value)):
+        return False
+    if copies <= REREAD_COPIES:
+        return True
+    if any(isinstance(node, tirx.Let) for node in tir_walk.iter_nodes(value)):
+        return False  # each copy would define its variable again
+    buffer = sch.get(block_rv).writes[0].source
+    return all(tir_walk.reads_at_one_index(sch.get(c), buffer) for c in sch.get_consumers(block_rv))
 
 
 def inline_cheap_producers(sch, stats: ScheduleStats, max_duplication: int = 1) -> None:

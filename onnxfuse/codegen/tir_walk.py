@@ -90,6 +90,13 @@ def count_loads_of(block, buffer) -> int:
     return sum(1 for e in store_value_exprs(block) for ld in iter_loads(e) if ld.source.same_as(buffer))
 
 
+def reads_at_one_index(block, buffer) -> bool:
+    """Whether every load of `buffer` in `block` has the same indices: the copies an inlined
+    producer would leave there are one common subexpression, which LLVM computes once."""
+    indices = [ld.indices for e in store_value_exprs(block) for ld in iter_loads(e) if ld.source.same_as(buffer)]
+    return all(tvm_ffi.structural_equal(list(i), list(indices[0])) for i in indices[1:])
+
+
 def gathers_along_unit_axis(block, buffer) -> bool:
     """Whether `block` reads `buffer` with an index from data along an axis of extent 1. Inlining
     the buffer's producer there would drop that index: compute_inline binds an iter var of
