@@ -47,6 +47,13 @@ def _sum_of_vars(expr, first, second) -> bool:
                                                or _are_vars([expr.a, expr.b], [second, first]))
 
 
+def _channel_zero_as(indices: list, axis: int, c) -> list:
+    """`indices` with a constant 0 at `axis` read as the channel variable `c` (of extent 1)."""
+    if len(indices) > axis and tir_walk.static_int(indices[axis]) == 0:
+        return [*indices[:axis], c, *indices[axis + 1:]]
+    return indices
+
+
 def direct_conv_axes(block):
     """(n, k, y, x, dy, dx, c) iteration variables of a stride-1, dilation-1 float32 conv2d block
     (conv_blocks' single-block stage) that reads a (padded) NCHW image and OIHW weights, else None."""
@@ -58,6 +65,8 @@ def direct_conv_axes(block):
         return None
     n, k, y, x, dy, dx, c = (iv.var for iv in ivs)
     image, weights = ([r.min for r in region.region] for region in block.reads)
+    if tir_walk.static_int(ivs[6].dom.extent) == 1:  # one input channel: read at index 0
+        image, weights = _channel_zero_as(image, 1, c), _channel_zero_as(weights, 1, c)
     if not _are_vars([r.min for r in block.writes[0].region], [n, k, y, x]) or not _are_vars(weights, [k, c, dy, dx]):
         return None
     if len(image) != 4 or not _are_vars(image[:2], [n, c]):
@@ -104,6 +113,15 @@ def output_channels_per_tile(channels: int, registers: RegisterFile) -> int:
     return max(d for d in range(1, min(channels, budget) + 1) if channels % d == 0)
 
 
+def column_lanes(width: int, lanes: int) -> int | None:
+    """Output columns per vector: the whole row when it fits one vector, else the widest divisor
+    of the row that fills at least half a vector (26 columns: two vectors of 13), else None."""
+    if width <= lanes:
+        return width
+    fitting = [d for d in range(lanes // 2, lanes + 1) if width % d == 0]
+    return max(fitting) if fitting else None
+
+
 @dataclass
 class ConvTile:
     """A scheduled convolution: the block that stores a register tile (None if TVM refused the
@@ -116,8 +134,8 @@ def schedule_direct_conv(sch, block_rv, loops, registers: RegisterFile, attempt)
     """Register-tiles a direct_conv_axes block over its own `loops` (n, k, y, x, dy, dx, c, in
     that order), or the final sum of a blocked one (n, k, y, x, b). `attempt(what, step)` runs
     one schedule step and says whether TVM took it. Returns None with the schedule unchanged
-    where the shape does not fit: a symbolic channel or width, or a width that is no multiple
-    of the vector (and wider than one)."""
+    where the shape does not fit: a symbolic channel or width, or a width wider than a vector
+    with no divisor filling half of one (column_lanes)."""
     block = sch.get(block_rv)
     sums = block_sums_of(sch, block_rv)
     if sums is not None and len(loops) == 5:
@@ -129,8 +147,8 @@ def schedule_direct_conv(sch, block_rv, loops, registers: RegisterFile, attempt)
     else:
         return None
     channels, width = tir_walk.static_int(sch.get(k).extent), tir_walk.static_int(sch.get(x).extent)
-    lanes = registers.lanes(32)
-    if channels is None or width is None or (width > lanes and width % lanes):
+    lanes = column_lanes(width, registers.lanes(32)) if width is not None else None
+    if channels is None or lanes is None:
         return None
     name = block.name_hint
     tile = output_channels_per_tile(channels, registers)
