@@ -33,8 +33,11 @@ def contiguous_lanes(block, extents: list[int], lanes: int) -> int:
     if total % lanes or total == lanes:
         return lanes  # not split into vectors of `lanes` (one vector, or not vectorized): as it was
     variables = block.iter_vars[len(block.iter_vars) - len(extents):]
-    if len(variables) != len(extents) or any(tir_walk.static_int(iv.dom.extent) != e
-                                             for iv, e in zip(variables, extents)):
+    if len(variables) != len(extents):
+        return lanes
+    stepping = [i for i, e in enumerate(extents) if e != 1]  # a loop of one step moves no address
+    variables, extents = [variables[i] for i in stepping], [extents[i] for i in stepping]
+    if any(tir_walk.static_int(iv.dom.extent) != e for iv, e in zip(variables, extents)):
         return lanes  # the loops were split or reordered: which variable steps with which loop is not known here
     coefficients = _load_coefficients(block, [iv.var for iv in variables])
     analyzer = tvm.sym.Analyzer()
@@ -44,6 +47,17 @@ def contiguous_lanes(block, extents: list[int], lanes: int) -> int:
             return width
         width //= 2
     return lanes if extents[-1] % lanes == 0 else 0
+
+
+def row_reads_runs(block, extent: int) -> bool:
+    """Whether every load of `block` with a linear address reads, along the block's last
+    iteration variable (of static `extent`), consecutive addresses or one address: a vector
+    over that row alone is then one load of each."""
+    last = block.iter_vars[-1]
+    if tir_walk.static_int(last.dom.extent) != extent:
+        return False
+    analyzer = tvm.sym.Analyzer()
+    return all(_one_run(c, [extent], extent, analyzer) for c in _load_coefficients(block, [last.var]))
 
 
 def _load_coefficients(block, variables) -> list[list]:
