@@ -556,11 +556,11 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
     if extent < 2:
         return
     contiguous = vector_runs.contiguous_lanes(block, extents, lanes)
-    if (not contiguous and len(trailing) > 1 and _row_lanes(innermost, lanes)
-            and vector_runs.row_reads_runs(block, innermost)):
+    row_lanes = _row_lanes(innermost, lanes) if not contiguous and len(trailing) > 1 else 0
+    if row_lanes and vector_runs.row_reads_runs(block, innermost):
         # vectors across rows would gather: each row alone (conv rows of 13, one vector each)
-        trailing, lanes = trailing[-1:], _row_lanes(innermost, lanes)
-        extents, extent, contiguous = [innermost], innermost, lanes
+        trailing, extents, extent = trailing[-1:], [innermost], innermost
+        lanes = contiguous = row_lanes
     if not contiguous:
         return
     name = block.name_hint
