@@ -32,8 +32,12 @@ class FakeMachine:
     def cpu_ns(self) -> int | None:
         return int(min(self.now, self.busy_until) * 1e9) if self.reports else None
 
+    def runnable(self) -> bool:
+        return self.now < self.busy_until
+
     def wait(self, **kwargs) -> float:
-        return idle.wait_until_idle(clock=self.clock, sleep=self.sleep, cpu_ns=self.cpu_ns, **kwargs)
+        return idle.wait_until_idle(clock=self.clock, sleep=self.sleep, cpu_ns=self.cpu_ns, runnable=self.runnable,
+                                    **kwargs)
 
 
 def test_returns_after_one_poll_when_the_others_are_idle():
@@ -44,6 +48,15 @@ def test_returns_after_one_poll_when_the_others_are_idle():
 
 def test_waits_while_another_thread_spins_and_no_longer():
     machine = FakeMachine(busy_until=0.05)
+    waited = machine.wait()
+    assert 0.05 <= waited <= 0.05 + 2 * idle.POLL_SECONDS
+
+
+def test_a_spinner_waiting_for_a_core_is_not_idle():
+    """On a loaded machine a spinning thread may get no CPU during a poll: its state (runnable)
+    still shows it is not idle."""
+    machine = FakeMachine(busy_until=0.05)
+    machine.cpu_ns = lambda: 0  # descheduled throughout: no CPU time gained
     waited = machine.wait()
     assert 0.05 <= waited <= 0.05 + 2 * idle.POLL_SECONDS
 

@@ -6,7 +6,11 @@ one that just ran then keeps a core busy through the next one's round, and a 2-t
 competes with a spinning neighbour. So each round starts once the neighbours are idle.
 
 Linux reports each thread's CPU time in nanoseconds in /proc/self/task/<tid>/schedstat; where
-that is missing, the wait is a fixed pause as long as onnxruntime's spin.
+that is missing, the wait is a fixed pause as long as onnxruntime's spin. CPU time alone is not
+enough on a loaded machine: a spinning thread waiting for a core gains none during a poll, so
+a poll also finds no other thread runnable (state R in /proc/self/task/<tid>/stat) before it
+counts as idle. (A spinner descheduled for one 2 ms poll passed as idle in a CI run with two
+test workers and compile processes on two cores.)
 """
 
 from __future__ import annotations
@@ -43,8 +47,27 @@ def other_threads_cpu_ns() -> int | None:
     return total
 
 
+def other_threads_runnable() -> bool:
+    """Whether another thread of this process is running or waiting for a core (state R)."""
+    me = str(threading.get_native_id())
+    try:
+        tids = os.listdir(_TASKS)
+    except OSError:
+        return False
+    for tid in tids:
+        if tid == me:
+            continue
+        try:
+            with open(f"{_TASKS}/{tid}/stat") as stat:
+                if stat.read().rpartition(")")[2].split()[:1] == ["R"]:
+                    return True
+        except OSError:
+            continue  # the thread ended
+    return False
+
+
 def wait_until_idle(max_wait: float = MAX_WAIT_SECONDS, clock=time.perf_counter, sleep=time.sleep,
-                    cpu_ns=other_threads_cpu_ns) -> float:
+                    cpu_ns=other_threads_cpu_ns, runnable=other_threads_runnable) -> float:
     """Blocks until the other threads of this process use (almost) no CPU, at most `max_wait`
     seconds; returns how long it waited."""
     start = clock()
@@ -59,7 +82,7 @@ def wait_until_idle(max_wait: float = MAX_WAIT_SECONDS, clock=time.perf_counter,
         if after is None:
             break
         busy = (after - before) / 1e9
-        if busy <= IDLE_SHARE * max(clock() - poll_start, POLL_SECONDS):
+        if busy <= IDLE_SHARE * max(clock() - poll_start, POLL_SECONDS) and not runnable():
             break
         before = after
     return clock() - start
