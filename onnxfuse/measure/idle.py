@@ -27,43 +27,44 @@ FALLBACK_PAUSE_SECONDS = 0.06  # without schedstat: longer than onnxruntime's de
 _TASKS = "/proc/self/task"
 
 
-def other_threads_cpu_ns() -> int | None:
-    """CPU nanoseconds used so far by every thread of this process except the calling one, or
-    None where the kernel does not report it."""
+def _other_threads(name: str) -> list[str] | None:
+    """The text of /proc/self/task/<tid>/`name` for every thread of this process except the
+    calling one (threads that ended meanwhile left out), or None where the kernel has no task list."""
     me = str(threading.get_native_id())
-    total = 0
     try:
         tids = os.listdir(_TASKS)
     except OSError:
         return None
+    texts = []
     for tid in tids:
         if tid == me:
             continue
         try:
-            with open(f"{_TASKS}/{tid}/schedstat") as stat:
-                total += int(stat.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue  # the thread ended, or reports nothing: it is not spinning
+            with open(f"{_TASKS}/{tid}/{name}") as stat:
+                texts.append(stat.read())
+        except OSError:
+            continue  # the thread ended
+    return texts
+
+
+def other_threads_cpu_ns() -> int | None:
+    """CPU nanoseconds used so far by every thread of this process except the calling one, or
+    None where the kernel does not report it."""
+    texts = _other_threads("schedstat")
+    if texts is None:
+        return None
+    total = 0
+    for text in texts:
+        try:
+            total += int(text.split()[0])
+        except (ValueError, IndexError):
+            continue  # reports nothing: it is not spinning
     return total
 
 
 def other_threads_runnable() -> bool:
     """Whether another thread of this process is running or waiting for a core (state R)."""
-    me = str(threading.get_native_id())
-    try:
-        tids = os.listdir(_TASKS)
-    except OSError:
-        return False
-    for tid in tids:
-        if tid == me:
-            continue
-        try:
-            with open(f"{_TASKS}/{tid}/stat") as stat:
-                if stat.read().rpartition(")")[2].split()[:1] == ["R"]:
-                    return True
-        except OSError:
-            continue  # the thread ended
-    return False
+    return any(text.rpartition(")")[2].split()[:1] == ["R"] for text in _other_threads("stat") or [])
 
 
 def wait_until_idle(max_wait: float = MAX_WAIT_SECONDS, clock=time.perf_counter, sleep=time.sleep,
