@@ -31,6 +31,7 @@ from ..kernel_spec import KernelSpec, TensorSpec, level_kernel_name, serial_vari
 from ..target import Target, runs_here
 from . import (
     bounds,
+    conv_blocks,
     empty_reductions,
     forked_builds,
     ieee_order,
@@ -250,8 +251,18 @@ def compile_group(
     if not name.isidentifier():
         raise CompileError(f"name: {name!r} is not a C identifier")
     stats: dict = {}
-    group = _stage("import", stats, lambda: relax_import.import_group(model, name, weight_inputs=weight_inputs))
     levels = target.levels
+    imports: dict[int, relax_import.ImportedGroup] = {}
+
+    def imported(level) -> relax_import.ImportedGroup:
+        """The group as the level's onnxruntime sums it: imported once per convolution channel block."""
+        block = conv_blocks.channel_block_for(target.arch, register_file.for_target(target.tvm_target(level)).vector_bytes)
+        if block not in imports:
+            with conv_blocks.summed_in_blocks_of(block):
+                imports[block] = relax_import.import_group(model, name, weight_inputs=weight_inputs)
+        return imports[block]
+
+    group = _stage("import", stats, lambda: imported(levels[0]))
     best_name = level_kernel_name(name, levels[0].suffix, len(levels))
     registers = register_file.for_target(target.tvm_target(levels[0]))
     best_funcs, sched_stats, n_checks = _stage(
@@ -263,7 +274,7 @@ def compile_group(
     def level_funcs(level) -> dict:
         base = level_kernel_name(name, level.suffix, len(levels))
         level_registers = register_file.for_target(target.tvm_target(level))
-        return _variants(_for_level(group.prim_func, target, level), base, max_duplication, small_variant,
+        return _variants(_for_level(imported(level).prim_func, target, level), base, max_duplication, small_variant,
                          level_registers, serial_variant=serial_variant, multiples=group.multiples)[0]
 
     options = llvm_options(target, sched_stats.gather_chain)
