@@ -57,8 +57,9 @@ def test_the_block_in_force_decides_the_lowering():
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, cache):
     """Convs of 3, 8, 12, 16 and 20 input channels (single channels, one block, ragged blocks at 8
-    and at 16), a SiLU after 8 -> 16 on rows of 13, and the bundled conv_block by default: name →
-    (original, fused, library), each for the portable target."""
+    and at 16), a SiLU after 8 -> 16 on rows of 13, the bundled conv_block by default and
+    tf2onnx's MNIST CNN with every group a kernel: name → (original, fused, library), each for
+    the portable target."""
     out = tmp_path_factory.mktemp("conv_levels")
     models = {"c3": conv_relu(3, 16, 16, 3), "c8_rows_of_28": conv_relu(8, 8, 28, 3), "c12": conv_relu(12, 8, 16, 3),
               "c16_5x5": conv_relu(16, 16, 16, 5), "c20": conv_relu(20, 8, 12, 3), "silu": conv_silu(8, 16, 13)}
@@ -72,6 +73,10 @@ def built(tmp_path_factory, cache):
     done = optimize(MODELS / "conv_block.onnx", out / "conv_block.fused.onnx", target="portable", cache_dir=cache, jobs=1)
     assert not [n for n in onnx.load(str(done.model_path)).graph.node if n.op_type == "Conv"]
     result["conv_block"] = (MODELS / "conv_block.onnx", done.model_path, done.library_path)
+    keras_cnn = MODELS / "exported" / "keras_cnn.onnx"  # rows of 26 and 13: two-register columns on AVX2
+    done = optimize(keras_cnn, out / "keras_cnn.fused.onnx", target="portable", cache_dir=cache, jobs=1, select="all")
+    assert [g["status"] != "fallback" for g in done.report["groups"]] == [True] * 4
+    result["keras_cnn"] = (keras_cnn, done.model_path, done.library_path)
     return result
 
 

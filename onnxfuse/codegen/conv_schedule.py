@@ -107,9 +107,10 @@ def block_sums_of(sch, block_rv):
     return producers[0] if len(producers) == 1 else None
 
 
-def output_channels_per_tile(channels: int, registers: RegisterFile) -> int:
-    """The most output channels (a divisor of `channels`) whose accumulators fit the registers."""
-    budget = max(1, registers.count - CONV_ACCUMULATOR_REGISTERS)
+def output_channels_per_tile(channels: int, registers: RegisterFile, vectors: int = 1) -> int:
+    """The most output channels (a divisor of `channels`) whose accumulators, `vectors` registers
+    each, fit the registers."""
+    budget = max(1, (registers.count - CONV_ACCUMULATOR_REGISTERS) // vectors)
     return max(d for d in range(1, min(channels, budget) + 1) if channels % d == 0)
 
 
@@ -119,7 +120,10 @@ def column_lanes(width: int, lanes: int) -> int | None:
     if width <= lanes:
         return width
     fitting = [d for d in range(lanes // 2, lanes + 1) if width % d == 0]
-    return max(fitting) if fitting else None
+    if fitting:
+        return max(fitting)
+    two = [d for d in range(lanes + lanes // 2, 2 * lanes + 1) if width % d == 0]
+    return max(two) if two else None
 
 
 @dataclass
@@ -151,7 +155,7 @@ def schedule_direct_conv(sch, block_rv, loops, registers: RegisterFile, attempt)
     if channels is None or lanes is None:
         return None
     name = block.name_hint
-    tile = output_channels_per_tile(channels, registers)
+    tile = output_channels_per_tile(channels, registers, -(-lanes // registers.lanes(32)))
     holder: dict = {}
     if not attempt(f"split channels {name}", lambda: holder.update(k=sch.split(k, [None, tile]))):
         return None

@@ -545,7 +545,7 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
         trailing = trailing[1:]
     innermost = _static(sch.get(trailing[-1]).extent)
     if innermost % lanes and (_reads_per_row(block) or _reads_rows_of_another_width(block, gemm_results)):
-        if innermost > lanes and not _binds_values(block):
+        if innermost > lanes and not _binds_values(block) and (innermost > 2 * lanes or _whole_tail(innermost, lanes)):
             vectorize_with_tail(sch, stats, trailing[-1], innermost, lanes)
             return
         trailing, lanes = trailing[-1:], _row_lanes(innermost, lanes)
@@ -556,7 +556,8 @@ def vectorize_elementwise(sch, stats: ScheduleStats, block_rv, registers: Regist
     if extent < 2:
         return
     contiguous = vector_runs.contiguous_lanes(block, extents, lanes)
-    row_lanes = _row_lanes(innermost, lanes) if not contiguous and len(trailing) > 1 else 0
+    ragged = extent > lanes and extent % lanes  # fused, the vectors would leave a tail: not vectorized
+    row_lanes = _row_lanes(innermost, lanes) if (not contiguous or ragged) and len(trailing) > 1 else 0
     if row_lanes and vector_runs.row_reads_runs(block, innermost):
         # vectors across rows would gather: each row alone (conv rows of 13, one vector each)
         trailing, extents, extent = trailing[-1:], [innermost], innermost
@@ -620,6 +621,17 @@ def vectorize_with_tail(sch, stats: ScheduleStats, loop, extent: int, lanes: int
     if _try(stats, "vectorize tail", lambda: sch.vectorize(tail)):
         stats.vectorized += 1
         stats.vector_tails += 1
+
+
+def _whole_tail(extent: int, lanes: int) -> bool:
+    """Whether a row's tail past its whole vectors is itself a vector of half of them or more, a
+    power of two (24 = 16 + 8). A row within two registers with a ragged tail (13 on AVX2's 8
+    lanes, 26 on AVX-512's 16) runs as one vector of the row instead, which LLVM splits into as
+    many register operations, and needs no loop partition: partitioned inside a conv's column
+    tile (keras_cnn's rows of 26 as two tiles of 13, on AVX2), TVM 0.27 gave both parts the same
+    block variables, an ill-formed function, and the group fell back to onnxruntime."""
+    tail = extent % lanes
+    return tail >= lanes // 2 and tail & (tail - 1) == 0
 
 
 def _binds_values(block) -> bool:
