@@ -31,7 +31,6 @@ from ..kernel_spec import KernelSpec, TensorSpec, level_kernel_name, serial_vari
 from ..target import Target, runs_here
 from . import (
     bounds,
-    conv_blocks,
     empty_reductions,
     forked_builds,
     ieee_order,
@@ -45,6 +44,7 @@ from . import (
     sigmoid_clamp,
     spill_guard,
     stack_realign,
+    sum_orders,
     tail_loops,
     vector_intrinsics,  # noqa: F401 - imported for its effect: isnan and nearbyint vectorize
     whole_index_checks,
@@ -252,15 +252,15 @@ def compile_group(
         raise CompileError(f"name: {name!r} is not a C identifier")
     stats: dict = {}
     levels = target.levels
-    imports: dict[int, relax_import.ImportedGroup] = {}
+    imports: dict[sum_orders.SumOrders, relax_import.ImportedGroup] = {}
 
     def imported(level) -> relax_import.ImportedGroup:
-        """The group as the level's onnxruntime sums it: imported once per convolution channel block."""
-        block = conv_blocks.channel_block_for(target.arch, register_file.for_target(target.tvm_target(level)).vector_bytes)
-        if block not in imports:
-            with conv_blocks.summed_in_blocks_of(block):
-                imports[block] = relax_import.import_group(model, name, weight_inputs=weight_inputs)
-        return imports[block]
+        """The group as onnxruntime adds it on the level's CPUs: imported once per distinct order."""
+        orders = sum_orders.for_level(target.arch, register_file.for_target(target.tvm_target(level)).vector_bytes)
+        if orders not in imports:
+            with sum_orders.summing_as(orders):
+                imports[orders] = relax_import.import_group(model, name, weight_inputs=weight_inputs)
+        return imports[orders]
 
     group = _stage("import", stats, lambda: imported(levels[0]))
     best_name = level_kernel_name(name, levels[0].suffix, len(levels))

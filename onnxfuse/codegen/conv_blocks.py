@@ -10,9 +10,8 @@ candidates in numpy against onnxruntime: 3, 16, 24, 32 and 48 input channels, bi
 
 On x86-64 CPUs without AVX-512 (AVX2, and the SSE baseline) MLAS's NCHWc block is 8 channels
 (its NchwcBlockSize), and its kernels sum the same way in blocks of 8 (single channels below 8):
-each ISA level of a portable build is lowered with its own block (`summed_in_blocks_of`,
-compile.py), bit for bit with onnxruntime under an emulated AVX2 CPU
-(tests/test_conv_levels.py).
+each ISA level of a portable build is lowered with its own block (sum_orders.py), bit for bit
+with onnxruntime under emulated AVX2 and SSE CPUs (tests/test_conv_levels.py).
 
 TVM's conv2d is one chain over every channel and window position. For one block (exactly 16
 channels) the order is the same, and the register-tiled schedule (conv_schedule) walks it in
@@ -25,38 +24,11 @@ groups, other layouts) keep TVM's lowering.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-
 import tvm
 from tvm import te, topi
 
-from . import tir_walk
+from . import sum_orders, tir_walk
 from .rounded_products import multiply_added, rounded
-
-ONNXRUNTIME_CHANNEL_BLOCK = 16
-"""onnxruntime's NCHWc block on AVX-512 CPUs."""
-X86_NARROW_CHANNEL_BLOCK = 8
-"""onnxruntime's NCHWc block on x86-64 CPUs without AVX-512 (AVX2 and the SSE baseline)."""
-
-_channel_block = contextvars.ContextVar("onnxruntime_channel_block", default=ONNXRUNTIME_CHANNEL_BLOCK)
-
-
-def channel_block_for(arch: str, vector_bytes: int) -> int:
-    """onnxruntime's NCHWc block on the CPUs an ISA level serves: 8 on x86-64 below AVX-512's
-    64-byte vectors, else 16 (aarch64 keeps the AVX-512 order: not measured against onnxruntime
-    on an Arm CPU)."""
-    return X86_NARROW_CHANNEL_BLOCK if arch == "x86_64" and vector_bytes < 64 else ONNXRUNTIME_CHANNEL_BLOCK
-
-
-@contextlib.contextmanager
-def summed_in_blocks_of(block: int):
-    """Convolutions lowered inside the `with` sum in blocks of `block` input channels."""
-    token = _channel_block.set(block)
-    try:
-        yield
-    finally:
-        _channel_block.reset(token)
 
 BLOCK_SUMS = "conv2d_block_sums"
 BLOCKS_SUM = "conv2d_nchw"
@@ -64,7 +36,7 @@ BLOCKS_SUM = "conv2d_nchw"
 
 def channel_block(channels: int) -> int:
     """Input channels per block onnxruntime sums alone (module doc), for the block in force."""
-    block = _channel_block.get()
+    block = sum_orders.current().conv_channel_block
     return block if channels >= block else 1
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax, te, topi
 
+from . import sum_orders
 from .relax_rewrite import function_pass
 from .sigmoid_clamp import CLAMP_BLOCK, clamp_to_unit
 
@@ -255,24 +256,27 @@ def _row_of(index, axis: int):
     return [0 if k == axis else i for k, i in enumerate(index)]
 
 
-# onnxruntime's float32 Softmax (MLAS, its AVX-512 kernels) per row: the maximum, then
-# exp(x - max) with its exp kernel (exp_value's algorithm) summed in one 16-lane accumulator (lane
-# l adds elements l, l + 16, l + 32, ... in order), that accumulator reduced as upper half plus
-# lower half, then pairs ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)), and every exp times
-# 1 / sum. The same order here gives its bits where onnxruntime runs the AVX-512 kernels; its
-# AVX2 and baseline kernels sum in other lanes (within tolerance there).
-SOFTMAX_LANES = 16
+# onnxruntime's float32 Softmax (MLAS) per row: the maximum, then exp(x - max) with its exp
+# kernel (exp_value's algorithm) summed in the lanes of one accumulator (lane l adds elements l,
+# l + L, l + 2L, ... in order), the lanes reduced in the kernel's own order, and every exp times
+# 1 / sum. The lanes follow the CPU (sum_orders.softmax_lanes): AVX-512's kernel takes 16, a
+# ragged last vector adding only its own lanes, and reduces them as upper half plus lower half,
+# then in pairs ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)); AVX2's (FMA3) takes 8, ragged
+# the same way, reduced in those pairs (two vhaddps and the halves' sum); the SSE baseline's
+# generic kernel takes 4 over the row's whole vectors only, reduces them as (a0 + a2) + (a1 + a3)
+# and then adds the remaining elements one by one.
 
 
-def _lane_sums(e: te.Tensor, axis: int) -> te.Tensor:
-    """Per row, the 16 lane sums of `e` along `axis` (that axis becomes the lane): each a chain
-    from 0 in order; lanes past the row's end add +0 (e >= 0, so the sums are unchanged)."""
+def _lane_sums(e: te.Tensor, axis: int, lanes: int, whole_vectors_only: bool) -> te.Tensor:
+    """Per row, the `lanes` lane sums of `e` along `axis` (that axis becomes the lane): each a
+    chain from 0 in order; lanes past the row's end add +0 (e >= 0, so the sums are unchanged),
+    or, with whole_vectors_only, only the row's whole vectors are summed."""
     length = e.shape[axis]
-    vectors = tvm.tirx.indexdiv(length + (SOFTMAX_LANES - 1), SOFTMAX_LANES)
+    vectors = tvm.tirx.indexdiv(length if whole_vectors_only else length + (lanes - 1), lanes)
     j = te.reduce_axis((0, vectors), name="vector")
 
     def lane_sum(*index):
-        k = j * SOFTMAX_LANES + index[axis]
+        k = j * lanes + index[axis]
         at = list(index)
         at[axis] = k
         # if_then_else reads only where k is inside the row (a Select reads both sides, and the
@@ -280,35 +284,56 @@ def _lane_sums(e: te.Tensor, axis: int) -> te.Tensor:
         return te.sum(tvm.tirx.if_then_else(k < length, e(*at), tvm.tirx.const(0.0, e.dtype)), axis=j)
 
     shape = list(e.shape)
-    shape[axis] = SOFTMAX_LANES
+    shape[axis] = lanes
     return te.compute(shape, lane_sum, name="softmax_lane_sums")
 
 
-def _reduced_lanes(lanes: te.Tensor, axis: int) -> te.Tensor:
-    """MLAS's horizontal sum of its 16-lane accumulator (above), keepdims along `axis`. Written
-    as a reduction (over one element) so the schedule keeps it a block of its own: inlined into
-    the row's products it was recomputed for every element (16 loads and 15 adds each)."""
+def _lanes_reduced(a: list, lanes: int):
+    """MLAS's horizontal sum of an accumulator of `lanes` lanes (above)."""
+    if lanes == 16:
+        a = [a[k + 8] + a[k] for k in range(8)]
+    if lanes in (16, 8):
+        return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+    if lanes == 4:
+        return (a[0] + a[2]) + (a[1] + a[3])
+    raise ValueError(f"no MLAS Softmax sums in {lanes} lanes")
+
+
+def _row_sum(e: te.Tensor, axis: int, lanes: int, tail_one_by_one: bool) -> te.Tensor:
+    """A row's sum of exps in MLAS's order (above), keepdims along `axis`. Written as a reduction
+    (over one element) so the schedule keeps it a block of its own: inlined into the row's
+    products it was recomputed for every element (16 loads and 15 adds each)."""
+    sums = _lane_sums(e, axis, lanes, whole_vectors_only=tail_one_by_one)
+    length = e.shape[axis]
     once = te.reduce_axis((0, 1), name="once")
 
-    def total(*index):
-        def lane(k):
-            at = list(index)
-            at[axis] = k + once
-            return lanes(*at)
-        a = [lane(k + 8) + lane(k) for k in range(8)]
-        return te.sum(((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])), axis=once)
+    def at(index, axis_index):
+        point = list(index)
+        point[axis] = axis_index + once
+        return point
 
-    shape = list(lanes.shape)
+    def total(*index):
+        value = _lanes_reduced([sums(*at(index, k)) for k in range(lanes)], lanes)
+        if tail_one_by_one:  # the elements past the whole vectors, in order (+0 past the row's end)
+            whole = tvm.tirx.indexdiv(length, lanes) * lanes
+            for r in range(lanes - 1):
+                k = whole + r
+                value = value + tvm.tirx.if_then_else(k < length, e(*at(index, k)), tvm.tirx.const(0.0, e.dtype))
+        return te.sum(value, axis=once)
+
+    shape = list(e.shape)
     shape[axis] = 1
     return te.compute(shape, total, name="softmax_sum")
 
 
 def _fast_softmax(x: te.Tensor, axis: int) -> te.Tensor:
-    """onnxruntime's Softmax (above): one reciprocal per row, each exp times it."""
+    """onnxruntime's Softmax (above) on the CPUs of the level being lowered: one reciprocal per
+    row, each exp times it."""
     axis = axis % len(x.shape)
+    lanes = sum_orders.current().softmax_lanes
     peak = topi.max(x, axis=axis, keepdims=True)
     e = te.compute(x.shape, lambda *i: exp_value(x(*i) - peak(*_row_of(i, axis))), name="softmax_exp")
-    total = _reduced_lanes(_lane_sums(e, axis), axis)
+    total = _row_sum(e, axis, lanes, tail_one_by_one=lanes == 4)
     inverse = te.compute(total.shape, lambda *i: tvm.tirx.const(1.0, x.dtype) / total(*i), name="softmax_inverse")
     return te.compute(x.shape, lambda *i: e(*i) * inverse(*_row_of(i, axis)), name="softmax")
 

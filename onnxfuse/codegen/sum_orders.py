@@ -1,0 +1,54 @@
+"""The orders in which onnxruntime's CPU kernels add, where they differ by CPU, per ISA level.
+
+MLAS picks its kernels by CPU at run time, and some of them add in an order tied to their vector
+width: a Conv's input channels in blocks of its NCHWc block (`NchwcBlockSize`: 16 with AVX-512,
+8 on other x86-64 CPUs, AVX2 and the SSE baseline alike; conv_blocks.py), and a Softmax row's
+exps in the lanes of one accumulator (16 with AVX-512, 8 with AVX2, 4 on the SSE baseline, whose
+generic kernel adds the elements past its whole vectors one by one; fast_math.py). A portable
+library runs one of its levels on each CPU (docs/portability.md), so each level is lowered in
+the order onnxruntime follows on the CPUs that level serves: compile.py imports a group once per
+distinct SumOrders, under `summing_as`, and the lowerings read `current()`.
+
+aarch64 keeps AVX-512's orders: nothing here was measured against onnxruntime on an Arm CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SumOrders:
+    conv_channel_block: int = 16  # input channels per block of a Conv's sums (conv_blocks)
+    softmax_lanes: int = 16  # lanes of a Softmax row's sum of exps (fast_math._fast_softmax)
+
+
+AVX512 = SumOrders(conv_channel_block=16, softmax_lanes=16)
+AVX2 = SumOrders(conv_channel_block=8, softmax_lanes=8)
+SSE = SumOrders(conv_channel_block=8, softmax_lanes=4)
+
+_current = contextvars.ContextVar("onnxruntime_sum_orders", default=AVX512)
+
+
+def for_level(arch: str, vector_bytes: int) -> SumOrders:
+    """onnxruntime's orders on the CPUs an ISA level with `vector_bytes` registers serves."""
+    if arch != "x86_64" or vector_bytes >= 64:
+        return AVX512
+    return AVX2 if vector_bytes == 32 else SSE
+
+
+def current() -> SumOrders:
+    """The orders of the lowering in progress (AVX-512's outside `summing_as`)."""
+    return _current.get()
+
+
+@contextlib.contextmanager
+def summing_as(orders: SumOrders):
+    """Ops lowered inside the `with` add in `orders`."""
+    token = _current.set(orders)
+    try:
+        yield
+    finally:
+        _current.reset(token)

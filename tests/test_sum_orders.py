@@ -1,0 +1,135 @@
+"""onnxruntime's summation orders per ISA level (codegen/sum_orders.py): each level of a portable
+build sums a Conv's input channels in the blocks onnxruntime uses on the CPUs that level serves
+(16 on AVX-512, 8 on AVX2 and on the SSE baseline: MLAS's NchwcBlockSize), and a Softmax row's
+exps in its kernel's lanes (16, 8, and 4 with the rest added one by one). Checked on emulated
+CPUs (qemu-user, as in test_portable_levels.py) against onnxruntime on the same emulated CPU, bit
+for bit. With AVX-512's orders everywhere, the AVX2 and baseline levels were off: conv_block's
+default output by 1.1e-6 under `-cpu Haswell`, Softmax rows of 333 by 4-7e-9 on both."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+import tvm
+from conftest import MODELS
+from onnx_builder import model, node
+from test_conv_schedule import conv_relu, conv_silu
+from test_portable_levels import needs_qemu, probe
+from tvm import s_tir
+
+from onnxfuse import optimize
+from onnxfuse.codegen import conv_blocks, relax_import, sum_orders, tir_walk
+from onnxfuse.frontend.loader import load_model
+from onnxfuse.fusion.extract import extract_group
+from onnxfuse.fusion.plan import plan_fusion
+
+LEVELS = {"Haswell": "x86-64-v3", "Nehalem": "x86-64"}  # emulated CPU → the level it runs
+
+
+def test_each_level_takes_onnxruntimes_orders():
+    assert sum_orders.for_level("x86_64", 64) == sum_orders.AVX512
+    assert (sum_orders.AVX2.softmax_lanes, sum_orders.SSE.softmax_lanes) == (8, 4)
+    assert sum_orders.for_level("x86_64", 32) == sum_orders.AVX2
+    assert sum_orders.for_level("x86_64", 16) == sum_orders.SSE
+    assert sum_orders.for_level("aarch64", 16) == sum_orders.AVX512
+
+
+def test_each_level_takes_onnxruntimes_channel_block():
+    assert sum_orders.for_level("x86_64", 64).conv_channel_block == 16  # AVX-512
+    assert sum_orders.for_level("x86_64", 32).conv_channel_block == 8  # AVX2
+    assert sum_orders.for_level("x86_64", 16).conv_channel_block == 8  # the SSE baseline
+    assert sum_orders.for_level("aarch64", 16).conv_channel_block == 16  # unmeasured on Arm: AVX-512's order
+
+
+def _block_sums_extent(conv: onnx.ModelProto) -> int | None:
+    """The number of channel blocks the imported conv sums (None: one block, a single stage)."""
+    graph = load_model(conv)
+    (group,) = plan_fusion(graph).groups
+    func = relax_import.import_group(extract_group(graph, group), "k").prim_func
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    for block in (sch.get(rv) for rv in tir_walk.leaf_blocks(sch)):
+        if block.name_hint == conv_blocks.BLOCK_SUMS:
+            return tir_walk.static_int(block.iter_vars[1].dom.extent)
+    return None
+
+
+def test_the_block_in_force_decides_the_lowering():
+    """16 channels: one block of 16 (AVX-512's order), two of 8 summing as on AVX2;
+    12 channels: single channels, or a block of 8 and a ragged one of 4."""
+    assert _block_sums_extent(conv_relu(16, 8, 8, 3)) is None
+    assert _block_sums_extent(conv_relu(12, 8, 8, 3)) == 12
+    with sum_orders.summing_as(sum_orders.AVX2):
+        assert _block_sums_extent(conv_relu(16, 8, 8, 3)) == 2
+        assert _block_sums_extent(conv_relu(12, 8, 8, 3)) == 2
+    assert conv_blocks.channel_block(16) == 16  # restored after the `with`
+
+
+@pytest.fixture(scope="module")
+def convolutions(tmp_path_factory, cache):
+    """Convs of 3, 8, 12, 16 and 20 input channels (single channels, one block, ragged blocks at 8
+    and at 16), a SiLU after 8 -> 16 on rows of 13, the bundled conv_block by default and
+    tf2onnx's MNIST CNN with every group a kernel: name → (original, fused, library), each for
+    the portable target."""
+    out = tmp_path_factory.mktemp("conv_levels")
+    models = {"c3": conv_relu(3, 16, 16, 3), "c8_rows_of_28": conv_relu(8, 8, 28, 3), "c12": conv_relu(12, 8, 16, 3),
+              "c16_5x5": conv_relu(16, 16, 16, 5), "c20": conv_relu(20, 8, 12, 3), "silu": conv_silu(8, 16, 13)}
+    result = {}
+    for name, conv in models.items():
+        path = out / f"{name}.onnx"
+        onnx.save(conv, str(path))
+        done = optimize(path, out / f"{name}.fused.onnx", target="portable", cache_dir=cache, jobs=1, select="all")
+        assert [g["status"] != "fallback" for g in done.report["groups"]] == [True], name
+        result[name] = (path, done.model_path, done.library_path)
+    done = optimize(MODELS / "conv_block.onnx", out / "conv_block.fused.onnx", target="portable", cache_dir=cache, jobs=1)
+    assert not [n for n in onnx.load(str(done.model_path)).graph.node if n.op_type == "Conv"]
+    result["conv_block"] = (MODELS / "conv_block.onnx", done.model_path, done.library_path)
+    keras_cnn = MODELS / "exported" / "keras_cnn.onnx"  # rows of 26 and 13: two-register columns on AVX2
+    done = optimize(keras_cnn, out / "keras_cnn.fused.onnx", target="portable", cache_dir=cache, jobs=1, select="all")
+    assert [g["status"] != "fallback" for g in done.report["groups"]] == [True] * 4
+    result["keras_cnn"] = (keras_cnn, done.model_path, done.library_path)
+    return result
+
+
+# name → (opset, dims, axis): rows shorter than, equal to and longer than each level's vector,
+# with a ragged last one, static and symbolic (N = D in the probe: rows of 1, 3, 17 and 40); the
+# last axis and an inner one; opset 11's flattened rows.
+SOFTMAXES = {"rows_333": (17, ["N", 333], -1), "rows_5": (17, ["N", 5], -1), "rows_16": (17, ["N", 16], -1),
+             "symbolic": (17, ["N", "D"], -1), "inner_axis": (17, ["N", 37, 4], 1),
+             "opset11_flattened": (11, ["N", 3, 40], 1)}
+
+
+@pytest.fixture(scope="module")
+def softmaxes(tmp_path_factory, cache):
+    """Each Softmax of SOFTMAXES (then a Neg) as one kernel for the portable target: name →
+    (original, fused, library)."""
+    out = tmp_path_factory.mktemp("softmax_levels")
+    result = {}
+    for name, (opset, dims, axis) in SOFTMAXES.items():
+        path = out / f"{name}.onnx"
+        onnx.save(model([node("Softmax", ["x"], "a", axis=axis), node("Neg", ["a"], "y")], {"x": tuple(dims)},
+                        {"y": tuple(dims)}, opset=opset), str(path))
+        done = optimize(path, out / f"{name}.fused.onnx", target="portable", cache_dir=cache, jobs=1, select="all")
+        assert [g["status"] != "fallback" for g in done.report["groups"]] == [True], name
+        result[name] = (path, done.model_path, done.library_path)
+    return result
+
+
+def _assert_same_bits_under(cpu: str, models: dict, batches) -> None:
+    for name, (original, fused, library) in models.items():
+        report = probe(cpu, original, fused, library, batches)
+        assert report["level"] == LEVELS[cpu], name
+        assert report["outputs"], name
+        for output in report["outputs"]:
+            assert output["same_shape"] and output["max_abs"] == 0.0, (name, output)
+
+
+@needs_qemu
+@pytest.mark.parametrize("cpu", sorted(LEVELS))
+def test_every_levels_convolutions_give_onnxruntimes_bits_on_its_cpu(convolutions, cpu):
+    _assert_same_bits_under(cpu, convolutions, (1, 3))
+
+
+@needs_qemu
+@pytest.mark.parametrize("cpu", sorted(LEVELS))
+def test_every_levels_softmax_gives_onnxruntimes_bits_on_its_cpu(softmaxes, cpu):
+    _assert_same_bits_under(cpu, softmaxes, (1, 3, 17, 40))
