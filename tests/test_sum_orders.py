@@ -1,13 +1,16 @@
 """onnxruntime's summation orders per ISA level (codegen/sum_orders.py): each level of a portable
 build sums a Conv's input channels in the blocks onnxruntime uses on the CPUs that level serves
 (16 on AVX-512, 8 on AVX2 and on the SSE baseline: MLAS's NchwcBlockSize), and a Softmax row's
-exps in its kernel's lanes (16, 8, and 4 with the rest added one by one). Checked on emulated
+exps in its kernel's lanes (16, 8, and 4 with the rest added one by one), and a LayerNorm row
+by Welford's update where onnxruntime's vectorized path needs AVX2. Checked on emulated
 CPUs (qemu-user, as in test_portable_levels.py) against onnxruntime on the same emulated CPU, bit
 for bit. With AVX-512's orders everywhere, the AVX2 and baseline levels were off: conv_block's
-default output by 1.1e-6 under `-cpu Haswell`, Softmax rows of 333 by 4-7e-9 on both."""
+default output by 1.1e-6 under `-cpu Haswell`, Softmax rows of 333 by 4-7e-9 on both, and
+vit_block_ts's default output by 2.4e-7 under `-cpu Nehalem`."""
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import pytest
 import tvm
@@ -32,6 +35,7 @@ def test_each_level_takes_onnxruntimes_orders():
     assert sum_orders.for_level("x86_64", 32) == sum_orders.AVX2
     assert sum_orders.for_level("x86_64", 16) == sum_orders.SSE
     assert sum_orders.for_level("aarch64", 16) == sum_orders.AVX512
+    assert sum_orders.SSE.layer_norm_welford_below is None and sum_orders.AVX2.layer_norm_welford_below == 8
 
 
 def test_each_level_takes_onnxruntimes_channel_block():
@@ -121,6 +125,40 @@ def _assert_same_bits_under(cpu: str, models: dict, batches) -> None:
         assert report["outputs"], name
         for output in report["outputs"]:
             assert output["same_shape"] and output["max_abs"] == 0.0, (name, output)
+
+
+def _layer_norm(n: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(n)
+    return model([node("LayerNormalization", ["x", "g", "b"], "a", axis=-1, epsilon=1e-5), node("Neg", ["a"], "y")],
+                 {"x": ("N", n)}, {"y": ("N", n)},
+                 {"g": rng.standard_normal(n).astype(np.float32), "b": rng.standard_normal(n).astype(np.float32)},
+                 opset=17)
+
+
+@pytest.fixture(scope="module")
+def layer_norms(tmp_path_factory, cache):
+    """LayerNormalization over rows of 5 (Welford's update everywhere), 8, 17, 40 and 333 (the
+    vectorized path with AVX2, Welford's without), and PyTorch's exported ViT encoder block by
+    default (LayerNorms, attention's Softmax, GELU): name → (original, fused, library)."""
+    out = tmp_path_factory.mktemp("layer_norm_levels")
+    result = {}
+    for n in (5, 8, 17, 40, 333):
+        path = out / f"rows_{n}.onnx"
+        onnx.save(_layer_norm(n), str(path))
+        done = optimize(path, out / f"rows_{n}.fused.onnx", target="portable", cache_dir=cache, jobs=1, select="all")
+        assert [g["status"] != "fallback" for g in done.report["groups"]] == [True], n
+        result[f"rows_{n}"] = (path, done.model_path, done.library_path)
+    vit = MODELS / "exported" / "vit_block_ts.onnx"
+    done = optimize(vit, out / "vit_block_ts.fused.onnx", target="portable", cache_dir=cache, jobs=1)
+    assert done.report["groups_fallback"] == 0
+    result["vit_block_ts"] = (vit, done.model_path, done.library_path)
+    return result
+
+
+@needs_qemu
+@pytest.mark.parametrize("cpu", sorted(LEVELS))
+def test_every_levels_layer_norm_gives_onnxruntimes_bits_on_its_cpu(layer_norms, cpu):
+    _assert_same_bits_under(cpu, layer_norms, (1, 3, 17))
 
 
 @needs_qemu

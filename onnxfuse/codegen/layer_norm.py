@@ -30,11 +30,11 @@ import operator
 import tvm
 from tvm import relax, te, topi
 
+from . import sum_orders
 from .fast_math import multiply_add
 from .index_math import static_length, unflattened
 from .rounded_products import multiply_added, rounded
 
-WELFORD_BELOW = 8  # onnxruntime's kernel takes its vectorized path from rows of 8
 LANES = 8  # ... which sums the squares in 8 lanes
 
 
@@ -118,7 +118,10 @@ def layer_norm_as_onnxruntime(data: te.Tensor, gamma: te.Tensor, beta: te.Tensor
     n = static_length(data.shape[first:])
     split = lambda i: (i[:first], i[first:])  # noqa: E731 - row coordinates, normalized coordinates
 
-    if n is not None and n < WELFORD_BELOW:
+    welford_below = sum_orders.current().layer_norm_welford_below
+    if dtype == "float32" and welford_below is None:
+        return _welford_layer_norm(data, gamma, beta, first, epsilon)
+    if n is not None and n < welford_below:
         mean, std = _welford_statistics(data, first, n, epsilon)
 
         def normalized(*i):
@@ -144,6 +147,27 @@ def layer_norm_as_onnxruntime(data: te.Tensor, gamma: te.Tensor, beta: te.Tensor
     def normalized(*i):
         row, col = split(i)
         return (data(*i) - mean(*row)) * rstd(*row) * gamma(*col) + beta(*col)
+
+    return te.compute(data.shape, normalized, name="T_layer_norm")
+
+
+def _welford_layer_norm(data: te.Tensor, gamma: te.Tensor, beta: te.Tensor, first: int, epsilon: float) -> te.Tensor:
+    """Welford's update over each whole row, whatever its length, then `(x - mean) / sqrt(M2 / n
+    + eps) * gamma + beta`, every operation rounded: onnxruntime 1.32's LayerNormalization on
+    x86-64 CPUs without AVX2 (under `qemu-x86_64 -cpu Nehalem`, bit for bit for rows of 8 to 768;
+    the vectorized path's order matched none of them)."""
+    dtype = data.dtype
+    inner = [te.reduce_axis((0, extent), name=f"k{k}") for k, extent in enumerate(data.shape[first:])]
+    rows = list(data.shape[:first])
+    zero = tvm.tirx.const(0.0, dtype)
+    _, mean, m2 = te.compute(rows, lambda *r: _welford((zero, data(*r, *inner), zero), axis=inner), name="welford")
+    length = functools.reduce(operator.mul, [tvm.tirx.Cast(dtype, extent) for extent in data.shape[first:]])
+    eps = tvm.tirx.const(epsilon, dtype)
+    std = te.compute(rows, lambda *r: tvm.tirx.sqrt(m2(*r) / length + eps), name="welford_std")
+
+    def normalized(*i):
+        row, col = i[:first], i[first:]
+        return rounded((data(*i) - mean(*row)) / std(*row) * gamma(*col)) + beta(*col)
 
     return te.compute(data.shape, normalized, name="T_layer_norm")
 

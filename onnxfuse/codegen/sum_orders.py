@@ -4,7 +4,10 @@ MLAS picks its kernels by CPU at run time, and some of them add in an order tied
 width: a Conv's input channels in blocks of its NCHWc block (`NchwcBlockSize`: 16 with AVX-512,
 8 on other x86-64 CPUs, AVX2 and the SSE baseline alike; conv_blocks.py), and a Softmax row's
 exps in the lanes of one accumulator (16 with AVX-512, 8 with AVX2, 4 on the SSE baseline, whose
-generic kernel adds the elements past its whole vectors one by one; fast_math.py). A portable
+generic kernel adds the elements past its whole vectors one by one; fast_math.py). And a
+LayerNormalization row of 8 or more floats takes a vectorized path on CPUs with AVX2 (8 lanes
+of fused multiply-adds), Welford's update on the others, as rows under 8 do everywhere
+(layer_norm.py). A portable
 library runs one of its levels on each CPU (docs/portability.md), so each level is lowered in
 the order onnxruntime follows on the CPUs that level serves: compile.py imports a group once per
 distinct SumOrders, under `summing_as`, and the lowerings read `current()`.
@@ -23,11 +26,12 @@ from dataclasses import dataclass
 class SumOrders:
     conv_channel_block: int = 16  # input channels per block of a Conv's sums (conv_blocks)
     softmax_lanes: int = 16  # lanes of a Softmax row's sum of exps (fast_math._fast_softmax)
+    layer_norm_welford_below: int | None = 8  # rows of LayerNorm taking Welford's update; None: all (layer_norm)
 
 
-AVX512 = SumOrders(conv_channel_block=16, softmax_lanes=16)
-AVX2 = SumOrders(conv_channel_block=8, softmax_lanes=8)
-SSE = SumOrders(conv_channel_block=8, softmax_lanes=4)
+AVX512 = SumOrders(conv_channel_block=16, softmax_lanes=16, layer_norm_welford_below=8)
+AVX2 = SumOrders(conv_channel_block=8, softmax_lanes=8, layer_norm_welford_below=8)
+SSE = SumOrders(conv_channel_block=8, softmax_lanes=4, layer_norm_welford_below=None)
 
 _current = contextvars.ContextVar("onnxruntime_sum_orders", default=AVX512)
 
