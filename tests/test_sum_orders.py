@@ -1,12 +1,13 @@
 """onnxruntime's summation orders per ISA level (codegen/sum_orders.py): each level of a portable
 build sums a Conv's input channels in the blocks onnxruntime uses on the CPUs that level serves
 (16 on AVX-512, 8 on AVX2 and on the SSE baseline: MLAS's NchwcBlockSize), and a Softmax row's
-exps in its kernel's lanes (16, 8, and 4 with the rest added one by one), and a LayerNorm row
-by Welford's update where onnxruntime's vectorized path needs AVX2. Checked on emulated
+exps in its kernel's lanes (16, 8, and 4 with the rest added one by one), a LayerNorm row by
+Welford's update where onnxruntime's vectorized path needs AVX2, and a sum over middle axes in
+groups of four with AVX, in order without. Checked on emulated
 CPUs (qemu-user, as in test_portable_levels.py) against onnxruntime on the same emulated CPU, bit
 for bit. With AVX-512's orders everywhere, the AVX2 and baseline levels were off: conv_block's
 default output by 1.1e-6 under `-cpu Haswell`, Softmax rows of 333 by 4-7e-9 on both, and
-vit_block_ts's default output by 2.4e-7 under `-cpu Nehalem`."""
+vit_block_ts's default output by 2.4e-7 and tree_trav_d3's by 6e-8 under `-cpu Nehalem`."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def test_each_level_takes_onnxruntimes_orders():
     assert sum_orders.for_level("x86_64", 16) == sum_orders.SSE
     assert sum_orders.for_level("aarch64", 16) == sum_orders.AVX512
     assert sum_orders.SSE.layer_norm_welford_below is None and sum_orders.AVX2.layer_norm_welford_below == 8
+    assert not sum_orders.SSE.product_of_ones_in_groups and sum_orders.AVX2.product_of_ones_in_groups
 
 
 def test_each_level_takes_onnxruntimes_channel_block():
@@ -153,6 +155,34 @@ def layer_norms(tmp_path_factory, cache):
     assert done.report["groups_fallback"] == 0
     result["vit_block_ts"] = (vit, done.model_path, done.library_path)
     return result
+
+
+@pytest.fixture(scope="module")
+def middle_sums(tmp_path_factory, cache):
+    """ReduceSum over the middle axis of [N, T, K] (MLAS's one-row product of ones: groups of four
+    with AVX, in order on the SSE baseline; in order at N = 1 everywhere) and the bundled
+    tree_trav_d3, whose ReduceMean averages its trees so: name → (original, fused, library)."""
+    out = tmp_path_factory.mktemp("middle_sums")
+    result = {}
+    for trees, classes in ((13, 5), (100, 2)):
+        path = out / f"sum_{trees}_{classes}.onnx"
+        onnx.save(model([node("ReduceSum", ["x", "axes"], "a", keepdims=0), node("Neg", ["a"], "y")],
+                        {"x": ("N", trees, classes)}, {"y": ("N", classes)}, {"axes": np.array([1], np.int64)},
+                        opset=13), str(path))
+        done = optimize(path, out / f"{path.stem}.fused.onnx", target="portable", cache_dir=cache, jobs=1, select="all")
+        assert [g["status"] != "fallback" for g in done.report["groups"]] == [True], path.stem
+        result[path.stem] = (path, done.model_path, done.library_path)
+    trees = MODELS / "tree_trav_d3.onnx"
+    done = optimize(trees, out / "tree_trav_d3.fused.onnx", target="portable", cache_dir=cache, jobs=1)
+    assert done.report["groups_fallback"] == 0
+    result["tree_trav_d3"] = (trees, done.model_path, done.library_path)
+    return result
+
+
+@needs_qemu
+@pytest.mark.parametrize("cpu", sorted(LEVELS))
+def test_every_levels_middle_axis_sums_give_onnxruntimes_bits_on_its_cpu(middle_sums, cpu):
+    _assert_same_bits_under(cpu, middle_sums, (1, 3, 17))
 
 
 @needs_qemu
