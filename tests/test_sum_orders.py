@@ -26,25 +26,26 @@ from onnxfuse.codegen import conv_blocks, relax_import, sum_orders, tir_walk
 from onnxfuse.frontend.loader import load_model
 from onnxfuse.fusion.extract import extract_group
 from onnxfuse.fusion.plan import plan_fusion
+from onnxfuse.target import resolve_target
 
 LEVELS = {"Haswell": "x86-64-v3", "Nehalem": "x86-64"}  # emulated CPU → the level it runs
 
 
 def test_each_level_takes_onnxruntimes_orders():
-    assert sum_orders.for_level("x86_64", 64) == sum_orders.AVX512
+    """MLAS picks its kernels by CPU features: the portable x86 levels' targets, and --mcpu ones."""
+    v4, v3, baseline = (resolve_target("x86_64").tvm_target(level) for level in resolve_target("x86_64").levels)
+    assert sum_orders.for_target(v4) == sum_orders.AVX512
+    assert sum_orders.for_target(v3) == sum_orders.AVX2
+    assert sum_orders.for_target(baseline) == sum_orders.SSE
+    haswell = resolve_target("x86_64", mcpu="haswell")
+    assert sum_orders.for_target(haswell.tvm_target(haswell.levels[0])) == sum_orders.AVX2
+    arm = resolve_target("aarch64")
+    assert sum_orders.for_target(arm.tvm_target(arm.levels[0])) == sum_orders.AVX512  # unmeasured on Arm
+    assert (sum_orders.AVX512.conv_channel_block, sum_orders.AVX2.conv_channel_block, sum_orders.SSE.conv_channel_block) \
+        == (16, 8, 8)
     assert (sum_orders.AVX2.softmax_lanes, sum_orders.SSE.softmax_lanes) == (8, 4)
-    assert sum_orders.for_level("x86_64", 32) == sum_orders.AVX2
-    assert sum_orders.for_level("x86_64", 16) == sum_orders.SSE
-    assert sum_orders.for_level("aarch64", 16) == sum_orders.AVX512
     assert sum_orders.SSE.layer_norm_welford_below is None and sum_orders.AVX2.layer_norm_welford_below == 8
     assert not sum_orders.SSE.product_of_ones_in_groups and sum_orders.AVX2.product_of_ones_in_groups
-
-
-def test_each_level_takes_onnxruntimes_channel_block():
-    assert sum_orders.for_level("x86_64", 64).conv_channel_block == 16  # AVX-512
-    assert sum_orders.for_level("x86_64", 32).conv_channel_block == 8  # AVX2
-    assert sum_orders.for_level("x86_64", 16).conv_channel_block == 8  # the SSE baseline
-    assert sum_orders.for_level("aarch64", 16).conv_channel_block == 16  # unmeasured on Arm: AVX-512's order
 
 
 def _block_sums_extent(conv: onnx.ModelProto) -> int | None:

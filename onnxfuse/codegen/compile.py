@@ -256,7 +256,7 @@ def compile_group(
 
     def imported(level) -> relax_import.ImportedGroup:
         """The group as onnxruntime adds it on the level's CPUs: imported once per distinct order."""
-        orders = sum_orders.for_level(target.arch, register_file.for_target(target.tvm_target(level)).vector_bytes)
+        orders = sum_orders.for_target(target.tvm_target(level))
         if orders not in imports:
             with sum_orders.summing_as(orders):
                 imports[orders] = relax_import.import_group(model, name, weight_inputs=weight_inputs)

@@ -39,11 +39,18 @@ SSE = SumOrders(conv_channel_block=8, softmax_lanes=4, layer_norm_welford_below=
 _current = contextvars.ContextVar("onnxruntime_sum_orders", default=AVX512)
 
 
-def for_level(arch: str, vector_bytes: int) -> SumOrders:
-    """onnxruntime's orders on the CPUs an ISA level with `vector_bytes` registers serves."""
-    if arch != "x86_64" or vector_bytes >= 64:
+def for_target(tvm_target) -> SumOrders:
+    """onnxruntime's orders on the CPUs of an ISA level's TVM target: MLAS takes its AVX-512
+    kernels with AVX-512F, its AVX2 ones with AVX2 and FMA, its generic or SSE ones otherwise (an
+    AVX CPU without AVX2, Sandy Bridge, was not checked: only the portable levels were)."""
+    from tvm.target import codegen
+
+    triple = str(tvm_target.attrs.get("mtriple", "") or "")
+    if triple.startswith(("aarch64", "arm64")) or codegen.target_has_features("avx512f", tvm_target):
         return AVX512
-    return AVX2 if vector_bytes == 32 else SSE
+    if codegen.target_has_features("avx2", tvm_target) and codegen.target_has_features("fma", tvm_target):
+        return AVX2
+    return SSE
 
 
 def current() -> SumOrders:
