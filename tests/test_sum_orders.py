@@ -2,8 +2,9 @@
 build sums a Conv's input channels in the blocks onnxruntime uses on the CPUs that level serves
 (16 on AVX-512, 8 on AVX2 and on the SSE baseline: MLAS's NchwcBlockSize), and a Softmax row's
 exps in its kernel's lanes (16, 8, and 4 with the rest added one by one), a LayerNorm row by
-Welford's update where onnxruntime's vectorized path needs AVX2, and a sum over middle axes in
-groups of four with AVX, in order without. Checked on emulated
+Welford's update where onnxruntime's vectorized path needs AVX2, and MLAS's one-row products
+(a batch-1 product by a run-time weight, a sum over middle axes) in groups of four with AVX, in
+order without. Checked on emulated
 CPUs (qemu-user, as in test_portable_levels.py) against onnxruntime on the same emulated CPU, bit
 for bit. With AVX-512's orders everywhere, the AVX2 and baseline levels were off: conv_block's
 default output by 1.1e-6 under `-cpu Haswell`, Softmax rows of 333 by 4-7e-9 on both, and
@@ -45,7 +46,7 @@ def test_each_level_takes_onnxruntimes_orders():
         == (16, 8, 8)
     assert (sum_orders.AVX2.softmax_lanes, sum_orders.SSE.softmax_lanes) == (8, 4)
     assert sum_orders.SSE.layer_norm_welford_below is None and sum_orders.AVX2.layer_norm_welford_below == 8
-    assert not sum_orders.SSE.product_of_ones_in_groups and sum_orders.AVX2.product_of_ones_in_groups
+    assert not sum_orders.SSE.one_row_products_in_groups and sum_orders.AVX2.one_row_products_in_groups
 
 
 def _block_sums_extent(conv: onnx.ModelProto) -> int | None:
@@ -159,12 +160,20 @@ def layer_norms(tmp_path_factory, cache):
 
 
 @pytest.fixture(scope="module")
-def middle_sums(tmp_path_factory, cache):
-    """ReduceSum over the middle axis of [N, T, K] (MLAS's one-row product of ones: groups of four
-    with AVX, in order on the SSE baseline; in order at N = 1 everywhere) and the bundled
-    tree_trav_d3, whose ReduceMean averages its trees so: name → (original, fused, library)."""
-    out = tmp_path_factory.mktemp("middle_sums")
+def one_row_products(tmp_path_factory, cache):
+    """MLAS's one-row kernel (groups of four with AVX, in order on the SSE baseline): a Gemm by a
+    weight and bias fed at run time, at batch 1 (K of 13 and 64); ReduceSum over the middle axis
+    of [N, T, K], a product by ones (in order at N = 1 everywhere); and the bundled tree_trav_d3,
+    whose ReduceMean averages its trees so: name → (original, fused, library)."""
+    out = tmp_path_factory.mktemp("one_row_products")
     result = {}
+    for k in (13, 64):
+        path = out / f"gemm_k{k}.onnx"
+        onnx.save(model([node("Gemm", ["a", "w", "c"], "p"), node("Neg", ["p"], "y")],
+                        {"a": ("N", k), "w": (k, 6), "c": (6,)}, {"y": ("N", 6)}, opset=13), str(path))
+        done = optimize(path, out / f"{path.stem}.fused.onnx", target="portable", cache_dir=cache, jobs=1, select="all")
+        assert [g["status"] != "fallback" for g in done.report["groups"]] == [True], path.stem
+        result[path.stem] = (path, done.model_path, done.library_path)
     for trees, classes in ((13, 5), (100, 2)):
         path = out / f"sum_{trees}_{classes}.onnx"
         onnx.save(model([node("ReduceSum", ["x", "axes"], "a", keepdims=0), node("Neg", ["a"], "y")],
@@ -182,8 +191,8 @@ def middle_sums(tmp_path_factory, cache):
 
 @needs_qemu
 @pytest.mark.parametrize("cpu", sorted(LEVELS))
-def test_every_levels_middle_axis_sums_give_onnxruntimes_bits_on_its_cpu(middle_sums, cpu):
-    _assert_same_bits_under(cpu, middle_sums, (1, 3, 17))
+def test_every_levels_one_row_products_give_onnxruntimes_bits_on_its_cpu(one_row_products, cpu):
+    _assert_same_bits_under(cpu, one_row_products, (1, 3, 17))
 
 
 @needs_qemu

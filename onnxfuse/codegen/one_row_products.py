@@ -8,7 +8,10 @@ caller may feed it; fusion/extract.py lists it so in the group model) is not pre
 kernel of its own for a single row of A (x86-64: `MlasSgemmKernelM1Avx`): K in groups of four, then a pair, then one;
 each group's products rounded and added left to right (a multiply, then an add: no FMA), and
 only then added to the output, which starts at +0.0. A Keras GRU converted by tf2onnx hands its
-kernels through its Loop as carried values, so at batch 1 two of its four outputs differed.
+kernels through its Loop as carried values, so at batch 1 two of its four outputs differed. On
+x86-64 CPUs without AVX (the portable build's baseline level, sum_orders.py) MLAS's SSE kernel
+sums the products in order from +0.0 and adds a Gemm's bias last (under `qemu-x86_64 -cpu
+Nehalem`, MatMul and Gemm with and without a bias, K from 3 to 64, bit for bit).
 
 So such a product, where its rows may number one, is lowered as
 `rows == 1 ? one_row_order : TVM's product`, the condition an `if_then_else`: only the branch
@@ -30,7 +33,7 @@ import tvm
 from tvm import relax, te
 from tvm.relax.frontend.onnx import onnx_frontend
 
-from . import tir_walk
+from . import sum_orders, tir_walk
 from .index_math import i64, static_length
 from .rounded_products import rounded
 
@@ -61,10 +64,14 @@ def one_row_order(data: te.Tensor, weight: te.Tensor, row, column, bias: te.Tens
     def product(k: int):  # rounded alone: LLVM would fuse it into the add (docs/numerics.md)
         return rounded(data(*row, i64(k)) * weight(i64(k), column))
 
-    if bias is None:  # +0.0, fenced: TVM's simplifier would fold 0.0 + x to x (-0.0 for x = -0.0)
-        total = rounded(tvm.tirx.const(0.0, data.dtype))
-    else:
-        total = bias(*([i64(0)] * (len(bias.shape) - 1)), column)
+    bias_value = None if bias is None else bias(*([i64(0)] * (len(bias.shape) - 1)), column)
+    zero = rounded(tvm.tirx.const(0.0, data.dtype))  # fenced: TVM's simplifier would fold 0.0 + x to x
+    if not sum_orders.current().one_row_products_in_groups:  # MLAS's SSE kernel: in order, bias last
+        total = zero
+        for k in range(k_total):
+            total = total + product(k)
+        return total if bias_value is None else total + bias_value
+    total = zero if bias_value is None else bias_value
     k = 0
     while k < k_total:
         size = GROUP if k_total - k >= GROUP else (2 if k_total - k >= 2 else 1)

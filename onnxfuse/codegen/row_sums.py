@@ -209,7 +209,7 @@ def middle_sum_as_onnxruntime(data: te.Tensor, first: int, last: int) -> te.Tens
 
     every = te.reduce_axis((i64(0), i64(n)), name="k_in_order")
     in_order = te.compute(leading + trailing, lambda *i: te.sum(element(i, every), axis=every), name=ROW_SUM_IN_ORDER)
-    in_groups = sum_orders.current().product_of_ones_in_groups
+    in_groups = sum_orders.current().one_row_products_in_groups
     groups = n // LANES if in_groups else 0
     grouped = None
     if groups:

@@ -7,9 +7,9 @@ exps in the lanes of one accumulator (16 with AVX-512, 8 with AVX2, 4 on the SSE
 generic kernel adds the elements past its whole vectors one by one; fast_math.py). And a
 LayerNormalization row of 8 or more floats takes a vectorized path on CPUs with AVX2 (8 lanes
 of fused multiply-adds), Welford's update on the others, as rows under 8 do everywhere
-(layer_norm.py). A ReduceSum or ReduceMean over middle axes is MLAS's one-row product of ones,
-whose AVX kernels add the values in groups of four and whose SSE kernel adds them in order
-(row_sums.py). A portable
+(layer_norm.py). MLAS's one-row product (a MatMul by a weight it has not prepacked, at batch 1, and a
+ReduceSum or ReduceMean over middle axes, a product by ones) adds in groups of four in its AVX
+kernel and in order in its SSE one (one_row_products.py, row_sums.py). A portable
 library runs one of its levels on each CPU (docs/portability.md), so each level is lowered in
 the order onnxruntime follows on the CPUs that level serves: compile.py imports a group once per
 distinct SumOrders, under `summing_as`, and the lowerings read `current()`.
@@ -29,12 +29,12 @@ class SumOrders:
     conv_channel_block: int = 16  # input channels per block of a Conv's sums (conv_blocks)
     softmax_lanes: int = 16  # lanes of a Softmax row's sum of exps (fast_math._fast_softmax)
     layer_norm_welford_below: int | None = 8  # rows of LayerNorm taking Welford's update; None: all (layer_norm)
-    product_of_ones_in_groups: bool = True  # a middle-axis sum in groups of four, else in order (row_sums)
+    one_row_products_in_groups: bool = True  # MLAS's one-row kernel: groups of four, else in order
 
 
-AVX512 = SumOrders(conv_channel_block=16, softmax_lanes=16, layer_norm_welford_below=8, product_of_ones_in_groups=True)
-AVX2 = SumOrders(conv_channel_block=8, softmax_lanes=8, layer_norm_welford_below=8, product_of_ones_in_groups=True)
-SSE = SumOrders(conv_channel_block=8, softmax_lanes=4, layer_norm_welford_below=None, product_of_ones_in_groups=False)
+AVX512 = SumOrders(conv_channel_block=16, softmax_lanes=16, layer_norm_welford_below=8, one_row_products_in_groups=True)
+AVX2 = SumOrders(conv_channel_block=8, softmax_lanes=8, layer_norm_welford_below=8, one_row_products_in_groups=True)
+SSE = SumOrders(conv_channel_block=8, softmax_lanes=4, layer_norm_welford_below=None, one_row_products_in_groups=False)
 
 _current = contextvars.ContextVar("onnxruntime_sum_orders", default=AVX512)
 
