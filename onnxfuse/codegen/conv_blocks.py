@@ -11,7 +11,7 @@ candidates in numpy against onnxruntime: 3, 16, 24, 32 and 48 input channels, bi
 On x86-64 CPUs without AVX-512 (AVX2, and the SSE baseline) MLAS's NCHWc block is 8 channels
 (its NchwcBlockSize), and its kernels sum the same way in blocks of 8 (single channels below 8):
 each ISA level of a portable build is lowered with its own block (sum_orders.py), bit for bit
-with onnxruntime under emulated AVX2 and SSE CPUs (tests/test_conv_levels.py).
+with onnxruntime under emulated AVX2 and SSE CPUs (tests/test_sum_orders.py).
 
 TVM's conv2d is one chain over every channel and window position. For one block (exactly 16
 channels) the order is the same, and the register-tiled schedule (conv_schedule) walks it in

@@ -23,13 +23,15 @@ import contextlib
 import contextvars
 from dataclasses import dataclass
 
+from . import register_file
+
 
 @dataclass(frozen=True)
 class SumOrders:
-    conv_channel_block: int = 16  # input channels per block of a Conv's sums (conv_blocks)
-    softmax_lanes: int = 16  # lanes of a Softmax row's sum of exps (fast_math._fast_softmax)
-    layer_norm_welford_below: int | None = 8  # rows of LayerNorm taking Welford's update; None: all (layer_norm)
-    one_row_products_in_groups: bool = True  # MLAS's one-row kernel: groups of four, else in order
+    conv_channel_block: int  # input channels per block of a Conv's sums (conv_blocks)
+    softmax_lanes: int  # lanes of a Softmax row's sum of exps (fast_math._fast_softmax)
+    layer_norm_welford_below: int | None  # rows of LayerNorm taking Welford's update; None: all (layer_norm)
+    one_row_products_in_groups: bool  # MLAS's one-row kernel: groups of four, else in order
 
 
 AVX512 = SumOrders(conv_channel_block=16, softmax_lanes=16, layer_norm_welford_below=8, one_row_products_in_groups=True)
@@ -45,8 +47,7 @@ def for_target(tvm_target) -> SumOrders:
     AVX CPU without AVX2, Sandy Bridge, was not checked: only the portable levels were)."""
     from tvm.target import codegen
 
-    triple = str(tvm_target.attrs.get("mtriple", "") or "")
-    if triple.startswith(("aarch64", "arm64")) or codegen.target_has_features("avx512f", tvm_target):
+    if register_file.for_target(tvm_target) in (register_file.AVX512, register_file.NEON):
         return AVX512
     if codegen.target_has_features("avx2", tvm_target) and codegen.target_has_features("fma", tvm_target):
         return AVX2
