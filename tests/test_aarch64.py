@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx_builder import model, node
 
 from onnxfuse.errors import UsageError
 from onnxfuse.kernel_spec import DOMAIN
@@ -142,3 +143,56 @@ def test_recurrent_op_on_aarch64_matches_x86_original(runner, tmp_path, case):
         for out_name, e, a in zip(output_names, reference.run(None, feeds), actual):
             cmp = compare_arrays(out_name, np.asarray(e), a, RTOL, ATOL)
             assert cmp.ok, f"{case} batch {batch}: {out_name}: max abs error {cmp.max_abs_error:.3g}"
+
+
+# ---- onnxruntime's orders on aarch64 ---------------------------------------------------------
+def _orders_model() -> onnx.ModelProto:
+    """One model holding each op whose sums onnxruntime orders differently on aarch64
+    (codegen/sum_orders.NEON), each then a Neg so that it is a group: Softmax rows of 3, 13 and
+    333 (NEON's lane pairs); LayerNormalization rows of 5, 64 and 333 (Welford's update with
+    fused multiply-adds); ReduceSum over a middle axis (in order) and over the last (Eigen's lanes);
+    GlobalAveragePool; a MatMul and a Gemm by run-time weights (one fused chain at one row)."""
+    rng = np.random.default_rng(5)
+    nodes, inputs, outputs, inits = [], {}, {}, {}
+
+    def case(name, op, shape, out_shape, extra=(), **attrs):
+        inputs[name] = shape
+        nodes.extend([node(op, [name, *extra], f"{name}_op", **attrs), node("Neg", [f"{name}_op"], f"{name}_out")])
+        outputs[f"{name}_out"] = out_shape
+
+    for n in (3, 13, 333):
+        case(f"softmax{n}", "Softmax", ("N", n), ("N", n), axis=-1)
+    for n in (5, 64, 333):
+        inits[f"g{n}"], inits[f"b{n}"] = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+        case(f"ln{n}", "LayerNormalization", ("N", n), ("N", n), (f"g{n}", f"b{n}"), axis=-1, epsilon=1e-5)
+    inits["axis1"] = np.array([1], np.int64)
+    case("middle", "ReduceSum", ("N", 13, 5), ("N", 5), ("axis1",), keepdims=0)
+    case("last", "ReduceSum", ("N", 37), ("N",), ("axis1",), keepdims=0)
+    case("pool", "GlobalAveragePool", ("N", 24, 7, 9), ("N", 24, 1, 1))
+    inputs["v"], inputs["w"], inputs["c"] = (13, 40), (64, 6), (6,)
+    case("matmul", "MatMul", ("N", 13), ("N", 40), ("v",))
+    case("gemm", "Gemm", ("N", 64), ("N", 6), ("w", "c"))
+    return model(nodes, inputs, outputs, inits, opset=17)
+
+
+@needs_harness
+def test_fused_ops_give_the_arm64_onnxruntimes_bits(runner, tmp_path):
+    """Each op of _orders_model, fused and run by the arm64 onnxruntime on an emulated
+    Neoverse-N1, gives the bits that onnxruntime gives there for the original (before
+    sum_orders.NEON each differed there, measured one op at a time: in 14% to 100% of its values)."""
+    original, fused = tmp_path / "orders.onnx", tmp_path / "orders.fused.onnx"
+    onnx.save(_orders_model(), original)
+    result = optimize_cli(original, fused, "--select", "all", "--cache-dir", str(tmp_path / "cache"),
+                          "--report", str(tmp_path / "report.json"))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "report.json").read_text())
+    assert summary["groups_fallback"] == 0 and len(summary["groups"]) == 11, summary["groups"]
+    reference = ort.InferenceSession(str(original), quiet_session_options(), providers=["CPUExecutionProvider"])
+    output_names = [o.name for o in reference.get_outputs()]
+    for seed, batch in enumerate((1, 3)):
+        feeds = random_feeds_for_session(reference, default_dim=batch, seed=seed)
+        expected = runner.run(original, feeds, output_names)
+        actual = runner.run(fused, feeds, output_names, library=fused.with_suffix(".so"))
+        for name, e, a in zip(output_names, expected, actual):
+            assert e.shape == a.shape and np.array_equal(e.view(np.int32), a.view(np.int32)), \
+                (name, batch, float(np.max(np.abs(e - a))))

@@ -41,12 +41,14 @@ def test_each_level_takes_onnxruntimes_orders():
     haswell = resolve_target("x86_64", mcpu="haswell")
     assert sum_orders.for_target(haswell.tvm_target(haswell.levels[0])) == sum_orders.AVX2
     arm = resolve_target("aarch64")
-    assert sum_orders.for_target(arm.tvm_target(arm.levels[0])) == sum_orders.AVX512  # unmeasured on Arm
+    assert sum_orders.for_target(arm.tvm_target(arm.levels[0])) == sum_orders.NEON
     assert (sum_orders.AVX512.conv_channel_block, sum_orders.AVX2.conv_channel_block, sum_orders.SSE.conv_channel_block) \
         == (16, 8, 8)
     assert (sum_orders.AVX2.softmax_lanes, sum_orders.SSE.softmax_lanes) == (8, 4)
     assert sum_orders.SSE.layer_norm_welford_below is None and sum_orders.AVX2.layer_norm_welford_below == 8
-    assert not sum_orders.SSE.one_row_products_in_groups and sum_orders.AVX2.one_row_products_in_groups
+    assert (sum_orders.SSE.one_row_products, sum_orders.AVX2.one_row_products, sum_orders.NEON.one_row_products) \
+        == (sum_orders.IN_ORDER, sum_orders.GROUPS_OF_FOUR, sum_orders.FUSED_CHAIN)
+    assert sum_orders.NEON.four_lanes_added == sum_orders.ADJACENT != sum_orders.SSE.four_lanes_added
 
 
 def _block_sums_extent(conv: onnx.ModelProto) -> int | None:

@@ -264,7 +264,8 @@ def _row_of(index, axis: int):
 # then in pairs ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)); AVX2's (FMA3) takes 8, ragged
 # the same way, reduced in those pairs (two vhaddps and the halves' sum); the SSE baseline's
 # generic kernel takes 4 over the row's whole vectors only, reduces them as (a0 + a2) + (a1 + a3)
-# and then adds the remaining elements one by one.
+# and then adds the remaining elements one by one; aarch64's the same but for NEON's reduction,
+# (a0 + a1) + (a2 + a3).
 
 
 def _lane_sums(e: te.Tensor, axis: int, lanes: int, whole_vectors_only: bool) -> te.Tensor:
@@ -294,8 +295,8 @@ def _lanes_reduced(a: list, lanes: int):
         a = [a[k + 8] + a[k] for k in range(8)]
     if lanes in (16, 8):
         return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
-    if lanes == 4:
-        return (a[0] + a[2]) + (a[1] + a[3])
+    if lanes == 4:  # SSE's halves, NEON's adjacent pairs
+        return sum_orders.add_four_lanes(a)
     raise ValueError(f"no MLAS Softmax sums in {lanes} lanes")
 
 

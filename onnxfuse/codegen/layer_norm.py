@@ -155,12 +155,16 @@ def _welford_layer_norm(data: te.Tensor, gamma: te.Tensor, beta: te.Tensor, firs
     """Welford's update over each whole row, whatever its length, then `(x - mean) / sqrt(M2 / n
     + eps) * gamma + beta`, every operation rounded: onnxruntime 1.32's LayerNormalization on
     x86-64 CPUs without AVX2 (under `qemu-x86_64 -cpu Nehalem`, bit for bit on 1,024 of 1,024 rows
-    of 8 to 768; the vectorized path's order on 57)."""
-    mean, std = _welford_mean_std(data, first, epsilon)
+    of 8 to 768; the vectorized path's order on 57). On aarch64 the same with its two
+    multiply-adds fused (sum_orders.scalar_multiply_adds_fused; under `qemu-aarch64 -cpu
+    neoverse-n1`, rows of 5 to 333)."""
+    fused = sum_orders.current().scalar_multiply_adds_fused
+    mean, std = _welford_mean_std(data, first, epsilon, fused)
 
     def normalized(*i):
         row, col = i[:first], i[first:]
-        return rounded((data(*i) - mean(*row)) / std(*row) * gamma(*col)) + beta(*col)
+        scaled = (data(*i) - mean(*row)) / std(*row)
+        return multiply_add(scaled, gamma(*col), beta(*col)) if fused else rounded(scaled * gamma(*col)) + beta(*col)
 
     return te.compute(data.shape, normalized, name="T_layer_norm")
 
@@ -170,30 +174,36 @@ def legalize_layer_norm(bb: relax.BlockBuilder, call):
                       float(call.attrs.epsilon), primfunc_name_hint="layer_norm")
 
 
-def _welford_step(state, element):
+def _welford_step(fused: bool):
     """One step of onnxruntime's Welford update, state (count, mean, M2) taking the element's value
-    (the element's own count and M2 are unused): every operation rounded on its own."""
-    count, mean, m2 = state
-    _, value, _ = element
-    k = count + 1.0
-    d = value - mean
-    new_mean = mean + d / k
-    return k, new_mean, m2 + rounded((value - new_mean) * d)
+    (the element's own count and M2 are unused): every operation rounded on its own, or M2's
+    multiply-add fused."""
+    def step(state, element):
+        count, mean, m2 = state
+        _, value, _ = element
+        k = count + 1.0
+        d = value - mean
+        new_mean = mean + d / k
+        return k, new_mean, multiply_add(value - new_mean, d, m2) if fused else m2 + rounded((value - new_mean) * d)
+    return step
 
 
-# A serial reduction (its steps depend on their order): one loop over the row, never split.
-_welford = te.comm_reducer(_welford_step, lambda *dtypes: tuple(tvm.tirx.const(0.0, t) for t in dtypes),
-                           name="welford")
+# Serial reductions (their steps depend on their order): one loop over the row, never split.
+_WELFORD = {fused: te.comm_reducer(_welford_step(fused), lambda *dtypes: tuple(tvm.tirx.const(0.0, t) for t in dtypes),
+                                   name="welford_fused" if fused else "welford")
+            for fused in (False, True)}
 
 
-def _welford_mean_std(values: te.Tensor, first: int, epsilon: float) -> tuple[te.Tensor, te.Tensor]:
+def _welford_mean_std(values: te.Tensor, first: int, epsilon: float,
+                      fused: bool = False) -> tuple[te.Tensor, te.Tensor]:
     """(mean, sqrt(M2 / n + eps)) over the axes from `first` on, by Welford's update over the whole
-    row in order (a loop, whatever the row's length), every operation rounded."""
+    row in order (a loop, whatever the row's length), every operation rounded (or M2's
+    multiply-add fused)."""
     dtype = values.dtype
     inner = [te.reduce_axis((0, extent), name=f"k_welford{k}") for k, extent in enumerate(values.shape[first:])]
     rows = list(values.shape[:first])
     zero = tvm.tirx.const(0.0, dtype)
-    _, mean, m2 = te.compute(rows, lambda *r: _welford((zero, values(*r, *inner), zero), axis=inner), name="welford")
+    _, mean, m2 = te.compute(rows, lambda *r: _WELFORD[fused]((zero, values(*r, *inner), zero), axis=inner), name="welford")
     length = functools.reduce(operator.mul, [tvm.tirx.Cast(dtype, extent) for extent in values.shape[first:]])
     eps = tvm.tirx.const(epsilon, dtype)
     return mean, te.compute(rows, lambda *r: tvm.tirx.sqrt(m2(*r) / length + eps), name="welford_std")

@@ -18,8 +18,7 @@ So such a product, where its rows may number one, is lowered as
 taken is evaluated, so more than one row costs one test per element, not a second product. Out
 of scope, left as TVM computes them: a weight of one column (MLAS transposes the product then),
 a weight of more than two dims (attention's batched products) and K past MAX_UNROLLED_K (the
-one-row sum is written out term by term). The order is x86-64's; onnxruntime's one-row kernel on
-aarch64 is another (close, not the same bits, there as before).
+one-row sum is written out term by term).
 """
 
 from __future__ import annotations
@@ -33,7 +32,9 @@ import tvm
 from tvm import relax, te
 from tvm.relax.frontend.onnx import onnx_frontend
 
+from ..fusion.onnxruntime_fused_ops import MLAS_K_BLOCK
 from . import sum_orders, tir_walk
+from .fast_math import multiply_add
 from .index_math import i64, static_length
 from .rounded_products import rounded
 
@@ -66,7 +67,13 @@ def one_row_order(data: te.Tensor, weight: te.Tensor, row, column, bias: te.Tens
 
     bias_value = None if bias is None else bias(*([i64(0)] * (len(bias.shape) - 1)), column)
     zero = rounded(tvm.tirx.const(0.0, data.dtype))  # fenced: TVM's simplifier would fold 0.0 + x to x
-    if not sum_orders.current().one_row_products_in_groups:  # MLAS's SSE kernel: in order, bias last
+    order = sum_orders.current().one_row_products
+    if order == sum_orders.FUSED_CHAIN:  # aarch64: MLAS's general kernel, from the bias
+        total = zero if bias_value is None else bias_value
+        for k in range(k_total):
+            total = multiply_add(data(*row, i64(k)), weight(i64(k), column), total)
+        return total
+    if order == sum_orders.IN_ORDER:  # MLAS's SSE kernel: in order, bias last
         total = zero
         for k in range(k_total):
             total = total + product(k)
@@ -132,6 +139,8 @@ def takes_one_row_kernel(bb: relax.BlockBuilder, data, weight) -> bool:
         return False
     k, n = (tir_walk.static_int(d) for d in weight_shape)
     if k is None or n is None or n < 2 or k > MAX_UNROLLED_K or tir_walk.static_int(data_shape[-1]) != k:
+        return False
+    if sum_orders.current().one_row_products == sum_orders.FUSED_CHAIN and k > MLAS_K_BLOCK:
         return False
     if static_length(data_shape[:-1]) not in (None, 1):  # rows that are never one
         return False

@@ -3,7 +3,8 @@
 onnxruntime 1.32 reduces the trailing axes of a float32 tensor row by row with Eigen's
 vectorized sum (SSE, four lanes). From the row's first 16-byte boundary on, two four-lane
 accumulators take eight elements at a time; the two are added, then one more group of four if
-there is one; the four lanes are added as (l0 + l2) + (l1 + l3); then the elements before the
+there is one; the four lanes are added as (l0 + l2) + (l1 + l3) (NEON's (l0 + l1) + (l2 + l3) on
+aarch64: sum_orders.add_four_lanes); then the elements before the
 boundary and those after the last group of four are added one by one. Row r of n elements
 starts (r * n) % 4 floats past a boundary (onnxruntime's buffers are 64-byte aligned), so where n
 is no multiple of 4 the rows split four ways. ReduceMean divides the sum by n. This matched
@@ -114,7 +115,7 @@ def row_sum_as_onnxruntime(data: te.Tensor, first: int, n: int) -> te.Tensor:
                      if accumulated is not None else zero for lane in range(LANES)]
             if n % (2 * LANES):  # a last group of four
                 lanes = [value + element(row, i64(n - LANES + lane), True) for lane, value in enumerate(lanes)]
-            return (lanes[0] + lanes[2]) + (lanes[1] + lanes[3])
+            return sum_orders.add_four_lanes(lanes)
 
         return te.compute(rows, total, name=ROW_SUM)
 
@@ -142,7 +143,7 @@ def row_sum_as_onnxruntime(data: te.Tensor, first: int, n: int) -> te.Tensor:
             value = (accumulated(*row, i64(0), i64(lane)) + accumulated(*row, i64(1), i64(lane))
                      if accumulated is not None else zero)
             lanes.append(value + edges(*row, i64(lane)))
-        value = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3])
+        value = sum_orders.add_four_lanes(lanes)
         for slot in range(LANES, EDGES):  # the head, then the tail
             value = value + edges(*row, i64(slot))
         return value
@@ -177,7 +178,7 @@ def global_average_as_onnxruntime(data: te.Tensor) -> te.Tensor:
     def average(*index):
         row = index[:2]
         lanes = [accumulated(*row, i64(lane)) if accumulated is not None else zero for lane in range(LANES)]
-        value = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3])
+        value = sum_orders.add_four_lanes(lanes)
         for flat in range(n // LANES * LANES, n):
             value = value + element(row, flat)
         return value / tvm.tirx.const(n, dtype)
@@ -209,7 +210,7 @@ def middle_sum_as_onnxruntime(data: te.Tensor, first: int, last: int) -> te.Tens
 
     every = te.reduce_axis((i64(0), i64(n)), name="k_in_order")
     in_order = te.compute(leading + trailing, lambda *i: te.sum(element(i, every), axis=every), name=ROW_SUM_IN_ORDER)
-    in_groups = sum_orders.current().one_row_products_in_groups
+    in_groups = sum_orders.current().one_row_products == sum_orders.GROUPS_OF_FOUR
     groups = n // LANES if in_groups else 0
     grouped = None
     if groups:
@@ -224,7 +225,7 @@ def middle_sum_as_onnxruntime(data: te.Tensor, first: int, last: int) -> te.Tens
     rows = functools.reduce(operator.mul, leading, i64(1))
 
     def product_of_ones(i):
-        """MLAS's one-row product by ones: in groups (AVX) or in order (SSE), from +0.0."""
+        """MLAS's one-row product by ones: in groups (AVX) or in order (SSE, aarch64), from +0.0."""
         if not in_groups:
             return in_order(*i) + tvm.tirx.const(0.0, dtype)  # +0.0 last: from -0.0 or +0.0 alike
         value = grouped(*i) if grouped is not None else tvm.tirx.const(-0.0, dtype)

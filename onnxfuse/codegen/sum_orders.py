@@ -14,7 +14,14 @@ library runs one of its levels on each CPU (docs/portability.md), so each level 
 the order onnxruntime follows on the CPUs that level serves: compile.py imports a group once per
 distinct SumOrders, under `summing_as`, and the lowerings read `current()`.
 
-aarch64 keeps AVX-512's orders: nothing here was measured against onnxruntime on an Arm CPU.
+On aarch64 (measured against the arm64 onnxruntime under `qemu-aarch64 -cpu neoverse-n1`) the
+vector code is NEON's: four lanes added pairwise as `faddp` adds them, (l0 + l1) + (l2 + l3),
+where x86-64's SSE code adds halves, (l0 + l2) + (l1 + l3) (Softmax, Eigen's row sums,
+GlobalAveragePool); no one-row kernel (a batch-1 product is one chain of fused multiply-adds from
+the bias, as MLAS's general kernel sums it); and
+onnxruntime's own C++ is compiled there with multiply-adds contracted (GCC's default on aarch64),
+so LayerNormalization's Welford update fuses `M2 + d * (x - m)` and `y * scale + bias`. A Conv's
+order there is not known yet (it keeps AVX-512's blocks; its bits differ).
 """
 
 from __future__ import annotations
@@ -25,33 +32,60 @@ from dataclasses import dataclass
 
 from . import register_file
 
+# How MLAS sums a product of one row by a run-time weight (one_row_products.py) and a sum over
+# middle axes (row_sums.py): its AVX kernel's groups of four; its SSE kernel's order; or, on
+# aarch64, its general kernel's one chain of fused multiply-adds in order (from the bias; a
+# middle sum in order from +0.0).
+GROUPS_OF_FOUR, IN_ORDER, FUSED_CHAIN = "groups of four", "in order", "one fused chain"
+# How four lanes of a vector are added into one: x86-64's SSE shuffles add halves, NEON's faddp pairs.
+HALVES, ADJACENT = "(l0 + l2) + (l1 + l3)", "(l0 + l1) + (l2 + l3)"
+
 
 @dataclass(frozen=True)
 class SumOrders:
     conv_channel_block: int  # input channels per block of a Conv's sums (conv_blocks)
     softmax_lanes: int  # lanes of a Softmax row's sum of exps (fast_math._fast_softmax)
     layer_norm_welford_below: int | None  # rows of LayerNorm taking Welford's update; None: all (layer_norm)
-    one_row_products_in_groups: bool  # MLAS's one-row kernel: groups of four, else in order
+    one_row_products: str  # GROUPS_OF_FOUR, IN_ORDER or FUSED_CHAIN
+    four_lanes_added: str  # HALVES or ADJACENT
+    scalar_multiply_adds_fused: bool  # onnxruntime's C++ built with a * b + c contracted (layer_norm)
 
 
-AVX512 = SumOrders(conv_channel_block=16, softmax_lanes=16, layer_norm_welford_below=8, one_row_products_in_groups=True)
-AVX2 = SumOrders(conv_channel_block=8, softmax_lanes=8, layer_norm_welford_below=8, one_row_products_in_groups=True)
-SSE = SumOrders(conv_channel_block=8, softmax_lanes=4, layer_norm_welford_below=None, one_row_products_in_groups=False)
+AVX512 = SumOrders(conv_channel_block=16, softmax_lanes=16, layer_norm_welford_below=8, one_row_products=GROUPS_OF_FOUR,
+                   four_lanes_added=HALVES, scalar_multiply_adds_fused=False)
+AVX2 = SumOrders(conv_channel_block=8, softmax_lanes=8, layer_norm_welford_below=8, one_row_products=GROUPS_OF_FOUR,
+                 four_lanes_added=HALVES, scalar_multiply_adds_fused=False)
+SSE = SumOrders(conv_channel_block=8, softmax_lanes=4, layer_norm_welford_below=None, one_row_products=IN_ORDER,
+                four_lanes_added=HALVES, scalar_multiply_adds_fused=False)
+NEON = SumOrders(conv_channel_block=16, softmax_lanes=4, layer_norm_welford_below=None, one_row_products=FUSED_CHAIN,
+                 four_lanes_added=ADJACENT, scalar_multiply_adds_fused=True)
 
 _current = contextvars.ContextVar("onnxruntime_sum_orders", default=AVX512)
 
 
 def for_target(tvm_target) -> SumOrders:
-    """onnxruntime's orders on the CPUs of an ISA level's TVM target: MLAS takes its AVX-512
-    kernels with AVX-512F, its AVX2 ones with AVX2 and FMA, its generic or SSE ones otherwise (an
-    AVX CPU without AVX2, Sandy Bridge, was not checked: only the portable levels were)."""
+    """onnxruntime's orders on the CPUs of an ISA level's TVM target: NEON's on aarch64; on
+    x86-64 MLAS takes its AVX-512 kernels with AVX-512F, its AVX2 ones with AVX2 and FMA, its
+    generic or SSE ones otherwise (an AVX CPU without AVX2, Sandy Bridge, was not checked: only
+    the portable levels were)."""
     from tvm.target import codegen
 
-    if register_file.for_target(tvm_target) in (register_file.AVX512, register_file.NEON):
+    registers = register_file.for_target(tvm_target)
+    if registers == register_file.NEON:
+        return NEON
+    if registers == register_file.AVX512:
         return AVX512
     if codegen.target_has_features("avx2", tvm_target) and codegen.target_has_features("fma", tvm_target):
         return AVX2
     return SSE
+
+
+def add_four_lanes(lanes: list):
+    """Four lane sums added into one in the current orders' way (HALVES or ADJACENT)."""
+    a0, a1, a2, a3 = lanes
+    if current().four_lanes_added == ADJACENT:
+        return (a0 + a1) + (a2 + a3)
+    return (a0 + a2) + (a1 + a3)
 
 
 def current() -> SumOrders:

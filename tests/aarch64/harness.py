@@ -3,7 +3,10 @@
 Pieces (all installed by `make install` → scripts/install-aarch64.sh):
 - `aarch64-linux-gnu-gcc` builds our host program `ort_host.c` (it declares the onnxruntime C
   API through onnxfuse/runtime/ort_abi.h + ort_host_abi.h and dlopens libonnxruntime);
-- `qemu-aarch64 -L SYSROOT` runs it; SYSROOT is a small overlay made here: `lib` links to the
+- `qemu-aarch64 -cpu neoverse-n1 -L SYSROOT` runs it. The CPU is named: qemu's default, `max`,
+  has SVE, on which onnxruntime takes its SVE kernels (another exp, other sums), where the
+  Neoverse-N1 and Cortex-A7x servers and phones this stands for have NEON only. SYSROOT is a
+  small overlay made here: `lib` links to the
   Debian cross sysroot (/usr/aarch64-linux-gnu/lib) and `proc/cpuinfo` is an aarch64-looking
   file. qemu-user 7.2 maps absolute paths into the -L prefix when the file exists there, so the
   guest reads our cpuinfo instead of the host's x86 one, on which libonnxruntime (arm64) crashes.
@@ -31,6 +34,7 @@ RUNTIME_DIR = REPO / "onnxfuse" / "runtime"
 HOST_SOURCE = HERE / "ort_host.c"
 CROSS_CC = "aarch64-linux-gnu-gcc"
 QEMU = "qemu-aarch64"
+CPU = "neoverse-n1"  # the CPU CPUINFO_CORE describes
 CROSS_SYSROOT = Path("/usr/aarch64-linux-gnu")
 CACHE = REPO / ".cache" / "aarch64"
 MAGIC = b"OFT1"
@@ -132,7 +136,7 @@ class Aarch64Runner:
         self._runs += 1
         io_dir = self.workdir / f"run{self._runs}"
         io_dir.mkdir()
-        command = [QEMU, "-L", str(self.sysroot), str(self.host), str(self.ort), str(Path(model).resolve()),
+        command = [QEMU, "-cpu", CPU, "-L", str(self.sysroot), str(self.host), str(self.ort), str(Path(model).resolve()),
                    "--threads", str(self.threads)]
         if library is not None:
             command += ["--library", str(Path(library).resolve())]
