@@ -13,6 +13,16 @@ On x86-64 CPUs without AVX-512 (AVX2, and the SSE baseline) MLAS's NCHWc block i
 each ISA level of a portable build is lowered with its own block (sum_orders.py), bit for bit
 with onnxruntime under emulated AVX2 and SSE CPUs (tests/test_sum_orders.py).
 
+On aarch64 MLAS has no NCHWc kernels: onnxruntime's Conv is an im2col product, summed as its
+SGEMM sums a product by an unpacked weight. The products come in im2col order (channel, window
+row, window column; the column innermost), in blocks of MLAS's K stride (mlas_k_stride: 128, more
+for an image of few output pixels), each block a chain of fused multiply-adds from 0, the blocks'
+sums added in order, then the bias (`conv2d_in_k_blocks`; under `qemu-aarch64 -cpu neoverse-n1`,
+one thread, 3 to 32 input channels, 1x1 and 3x3 windows, bit for bit, where the channel blocks
+matched none). With more threads onnxruntime splits an image's pixels among them, and the
+stride follows each share: its results then depend on its thread count, which a kernel cannot
+know; the kernel gives the one-thread bits.
+
 TVM's conv2d is one chain over every channel and window position. For one block (exactly 16
 channels) the order is the same, and the register-tiled schedule (conv_schedule) walks it in
 onnxruntime's order; for more blocks, or single-channel ones, this lowering computes the block
@@ -67,18 +77,21 @@ _rounded_sum = te.comm_reducer(lambda total, block_sum: total + rounded(block_su
 def conv2d_in_blocks(data: te.Tensor, weights: te.Tensor, padding) -> te.Tensor:
     """out[n, k, y, x] = sum over blocks b of (sum over dy, dx, c in b of image * weight), each
     sum from 0 in that order (module doc), whatever the schedule does with the other loops. One
-    block is one stage, like TVM's own conv2d_nchw."""
+    block is one stage, like TVM's own conv2d_nchw. On aarch64, conv2d_in_k_blocks."""
     top, left, bottom, right = (int(p) for p in padding)
     batch, channels, height, width = data.shape
     out_channels, _, rows, cols = weights.shape
     channels = int(channels)
-    block = channel_block(channels)
-    blocks = -(-channels // block)
     image = topi.nn.pad(data, [0, 0, top, left], [0, 0, bottom, right], name="pad_temp") \
         if (top, left, bottom, right) != (0, 0, 0, 0) else data
     # Simplified, so a symbolic image size gives an output dim the kernel can name (H, not H + 2 - 3 + 1).
     simplify = tvm.sym.Analyzer().simplify
     out_shape = (batch, out_channels, simplify(height + top + bottom - rows + 1), simplify(width + left + right - cols + 1))
+    k_block = sum_orders.current().conv_k_block
+    if k_block is not None:
+        return conv2d_in_k_blocks(image, weights, out_shape, k_block)
+    block = channel_block(channels)
+    blocks = -(-channels // block)
     dy = te.reduce_axis((0, rows), name="ry")
     dx = te.reduce_axis((0, cols), name="rx")
     if blocks == 1:
@@ -102,6 +115,53 @@ def conv2d_in_blocks(data: te.Tensor, weights: te.Tensor, padding) -> te.Tensor:
         return multiply_added(pixel * weight, axis=[dy, dx, c])
 
     sums = te.compute((batch, blocks, *out_shape[1:]), block_sum, name=BLOCK_SUMS)
+    b = te.reduce_axis((0, blocks), name="rb")
+    return te.compute(out_shape, lambda n, k, y, x: _rounded_sum(sums[n, b, k, y, x], axis=b), name=BLOCKS_SUM)
+
+
+MLAS_STRIDE_N = 128  # MLAS SGEMM's column stride, from which it trades columns for k's
+
+
+def mlas_k_stride(columns: int | None, k: int, stride_k: int) -> int:
+    """The K stride MLAS's SGEMM takes for a product by an unpacked weight of `columns` columns
+    (an image's output pixels) and `k` rows: where the columns are fewer than the k's it halves
+    its column stride down to 16 while half of it still holds every column, doubling its K
+    stride each time. Unknown columns (a symbolic image): the base stride."""
+    stride_n = MLAS_STRIDE_N
+    if columns is not None and columns < k:
+        while stride_n > 16 and stride_n // 2 >= columns:
+            stride_n //= 2
+            stride_k *= 2
+    return stride_k
+
+
+def conv2d_in_k_blocks(image: te.Tensor, weights: te.Tensor, out_shape, k_stride: int) -> te.Tensor:
+    """aarch64's order (module doc): the products in im2col order (c, dy, dx), in blocks of
+    MLAS's K stride, each block's sum from 0, the blocks added in order."""
+    out_channels, channels, rows, cols = (int(d) for d in weights.shape)
+    window = rows * cols
+    total = channels * window
+    height, width = (tir_walk.static_int(d) for d in out_shape[2:])
+    k_block = mlas_k_stride(height * width if height is not None and width is not None else None, total, k_stride)
+    if total <= k_block:
+        c, dy, dx = te.reduce_axis((0, channels), name="rc"), te.reduce_axis((0, rows), name="ry"), \
+            te.reduce_axis((0, cols), name="rx")
+        return te.compute(out_shape, lambda n, k, y, x: multiply_added(
+            image[n, c, y + dy, x + dx] * weights[k, c, dy, dx], axis=[c, dy, dx]), name=BLOCKS_SUM)
+    blocks = -(-total // k_block)
+    t = te.reduce_axis((0, k_block), name="rt")
+
+    def block_sum(n, b, k, y, x):
+        flat = b * k_block + t
+        # A ragged last block reads the last product and adds +0 x -0 = -0 (conv2d_in_blocks).
+        within = flat < total
+        last = tvm.tirx.min(flat, total - 1)
+        c, dy, dx = last // window, last % window // cols, last % cols
+        pixel = tvm.tirx.Select(within, image[n, c, y + dy, x + dx], tvm.tirx.const(0.0, image.dtype))
+        weight = tvm.tirx.Select(within, weights[k, c, dy, dx], tvm.tirx.const(-0.0, image.dtype))
+        return multiply_added(pixel * weight, axis=[t])
+
+    sums = te.compute((out_shape[0], blocks, *out_shape[1:]), block_sum, name=BLOCK_SUMS)
     b = te.reduce_axis((0, blocks), name="rb")
     return te.compute(out_shape, lambda n, k, y, x: _rounded_sum(sums[n, b, k, y, x], axis=b), name=BLOCKS_SUM)
 

@@ -20,8 +20,8 @@ where x86-64's SSE code adds halves, (l0 + l2) + (l1 + l3) (Softmax, Eigen's row
 GlobalAveragePool); no one-row kernel (a batch-1 product is one chain of fused multiply-adds from
 the bias, as MLAS's general kernel sums it); and
 onnxruntime's own C++ is compiled there with multiply-adds contracted (GCC's default on aarch64),
-so LayerNormalization's Welford update fuses `M2 + d * (x - m)` and `y * scale + bias`. A Conv's
-order there is not known yet (it keeps AVX-512's blocks; its bits differ).
+so LayerNormalization's Welford update fuses `M2 + d * (x - m)` and `y * scale + bias`. A Conv
+there is an im2col product in MLAS's blocks of 128 products (conv_blocks.py).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ HALVES, ADJACENT = "(l0 + l2) + (l1 + l3)", "(l0 + l1) + (l2 + l3)"
 @dataclass(frozen=True)
 class SumOrders:
     conv_channel_block: int  # input channels per block of a Conv's sums (conv_blocks)
+    conv_k_block: int | None  # aarch64: im2col products per block (MLAS's base K stride; conv_blocks); None on x86-64
     softmax_lanes: int  # lanes of a Softmax row's sum of exps (fast_math._fast_softmax)
     layer_norm_welford_below: int | None  # rows of LayerNorm taking Welford's update; None: all (layer_norm)
     one_row_products: str  # GROUPS_OF_FOUR, IN_ORDER or FUSED_CHAIN
@@ -51,14 +52,14 @@ class SumOrders:
     scalar_multiply_adds_fused: bool  # onnxruntime's C++ built with a * b + c contracted (layer_norm)
 
 
-AVX512 = SumOrders(conv_channel_block=16, softmax_lanes=16, layer_norm_welford_below=8, one_row_products=GROUPS_OF_FOUR,
-                   four_lanes_added=HALVES, scalar_multiply_adds_fused=False)
-AVX2 = SumOrders(conv_channel_block=8, softmax_lanes=8, layer_norm_welford_below=8, one_row_products=GROUPS_OF_FOUR,
-                 four_lanes_added=HALVES, scalar_multiply_adds_fused=False)
-SSE = SumOrders(conv_channel_block=8, softmax_lanes=4, layer_norm_welford_below=None, one_row_products=IN_ORDER,
-                four_lanes_added=HALVES, scalar_multiply_adds_fused=False)
-NEON = SumOrders(conv_channel_block=16, softmax_lanes=4, layer_norm_welford_below=None, one_row_products=FUSED_CHAIN,
-                 four_lanes_added=ADJACENT, scalar_multiply_adds_fused=True)
+AVX512 = SumOrders(conv_channel_block=16, conv_k_block=None, softmax_lanes=16, layer_norm_welford_below=8,
+                   one_row_products=GROUPS_OF_FOUR, four_lanes_added=HALVES, scalar_multiply_adds_fused=False)
+AVX2 = SumOrders(conv_channel_block=8, conv_k_block=None, softmax_lanes=8, layer_norm_welford_below=8,
+                 one_row_products=GROUPS_OF_FOUR, four_lanes_added=HALVES, scalar_multiply_adds_fused=False)
+SSE = SumOrders(conv_channel_block=8, conv_k_block=None, softmax_lanes=4, layer_norm_welford_below=None,
+                one_row_products=IN_ORDER, four_lanes_added=HALVES, scalar_multiply_adds_fused=False)
+NEON = SumOrders(conv_channel_block=16, conv_k_block=128, softmax_lanes=4, layer_norm_welford_below=None,
+                 one_row_products=FUSED_CHAIN, four_lanes_added=ADJACENT, scalar_multiply_adds_fused=True)
 
 _current = contextvars.ContextVar("onnxruntime_sum_orders", default=AVX512)
 
