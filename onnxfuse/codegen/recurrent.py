@@ -46,10 +46,18 @@ from tvm.script.ir_builder import tirx as T
 from ..errors import CompileError
 from ..kernel_spec import KernelSpec, TensorSpec, level_kernel_name
 from ..target import Target
-from . import param_alignment, register_file, sigmoid_clamp
+from . import param_alignment, register_file, sigmoid_clamp, sum_orders
 from .compile import CompiledGroup, _stage, build_object
 from .index_math import i64
-from .recurrent_op import PackedWeights, RecurrentOp, gru_output_gate, gru_reset_gate, pack_weights, read_recurrent_op
+from .recurrent_op import (
+    PackedWeights,
+    RecurrentOp,
+    cpp_multiply_add,
+    gru_output_gate,
+    gru_reset_gate,
+    pack_weights,
+    read_recurrent_op,
+)
 from .rounded_products import rounded
 
 TILE_ROWS = 4  # batch rows of the register tile: LSTM 4 rows x 4 gates = 16 accumulators
@@ -531,7 +539,8 @@ class _KernelWriter:
 
                         i_gate = gate(0, f_act, c_prev)
                         f_gate = _f32(1.0) - i_gate if op.input_forget else gate(2, f_act, c_prev)
-                        c_new = bind(rounded(f_gate * c_prev) + rounded(i_gate * gate(3, g_act)))
+                        # merge_lstm_gates_to_memory: c_prev * f + i * g, a C++ line
+                        c_new = bind(cpp_multiply_add(c_prev, f_gate, rounded(i_gate * gate(3, g_act))))
                         o_gate = gate(1, f_act, c_new)
                         h_new = o_gate * h_act(c_new, bind)
                         T.buffer_store(b.c, keep_or(r, c_new, c_prev), [r, j])
@@ -600,7 +609,7 @@ class _KernelWriter:
         the infinities)."""
         total = b.xp[xp_row, jb * self.gates + g, v] + product
         if cell is not None and b.peep is not None:
-            total = total + rounded(b.peep[d, g, jb, v] * cell)
+            total = cpp_multiply_add(b.peep[d, g, jb, v], cell, total)  # elementwise_product: dest += a * b
         bound = _f32(self.op.clip if self.op.clip is not None else FLOAT32_MAX)
         if not self.op.has_bias:  # clip_ignore_bias: a NaN stays NaN
             total = bind(total)
@@ -720,13 +729,15 @@ def compile_recurrent(model: onnx.ModelProto, name: str, target: Target, out_dir
     op = _stage("import", stats, lambda: read_recurrent_op(model))
     registers = register_file.for_target(target.tvm_target())
     lanes = registers.lanes(32)
-    kernels = {}  # per Sigmoid kernel onnxruntime runs on the level's CPUs (sigmoid_clamp)
+    kernels = {}  # per Sigmoid kernel onnxruntime runs on the level's CPUs (sigmoid_clamp), per sum orders
 
     def kernel_for(level) -> RecurrentKernel:
         fma_sigmoid = sigmoid_clamp.runs_fma_kernel(target.tvm_target(level))
-        if fma_sigmoid not in kernels:
-            kernels[fma_sigmoid] = build_recurrent_kernel(op, name, lanes, fma_sigmoid)
-        return kernels[fma_sigmoid]
+        orders = sum_orders.for_target(target.tvm_target(level))
+        if (fma_sigmoid, orders) not in kernels:
+            with sum_orders.summing_as(orders):
+                kernels[fma_sigmoid, orders] = build_recurrent_kernel(op, name, lanes, fma_sigmoid)
+        return kernels[fma_sigmoid, orders]
 
     kernel = _stage("schedule", stats, lambda: kernel_for(target.levels[0]))
     # One entry point per level, named as the library's table expects (the same name in every

@@ -18,7 +18,8 @@ import tvm
 from onnx import helper, numpy_helper
 
 from ..errors import CompileError
-from .fast_math import TANH_P, TANH_Q, fast_exp_value, logistic_ratio, tanh_value
+from . import sum_orders
+from .fast_math import TANH_P, TANH_Q, fast_exp_value, logistic_ratio, multiply_add, tanh_value
 from .rounded_products import rounded
 from .sigmoid_clamp import clamp_as_kernel
 
@@ -71,10 +72,20 @@ def rational_tanh(x, bind=_unbound):
     return clamped * bind(p) / bind(q)
 
 
+def cpp_multiply_add(a, b, c):
+    """`a * b + c` as a line of onnxruntime's C++ computes it on the level's CPUs: the product
+    rounded, then added, on x86-64 (built without FMA); one fused multiply-add on aarch64, where
+    GCC contracts it (sum_orders.scalar_multiply_adds_fused). Where a line adds two products,
+    GCC fuses the first: `a * b + c * d` is fma(a, b, c * d)."""
+    if sum_orders.current().scalar_multiply_adds_fused:
+        return multiply_add(a, b, c)
+    return rounded(a * b) + c
+
+
 def _hard_sigmoid(x, alpha: float, beta: float, bind):
-    """min(1, max(0, alpha x + beta)) as onnxruntime's recurrent ops compute it: the product
-    rounded before the add, std::max and std::min (a NaN becomes 0)."""
-    linear = bind(rounded(_f32(alpha) * x) + _f32(beta))
+    """min(1, max(0, alpha x + beta)) as onnxruntime's recurrent ops compute it: a C++
+    multiply-add, std::max and std::min (a NaN becomes 0)."""
+    linear = bind(cpp_multiply_add(_f32(alpha), x, _f32(beta)))
     low = bind(tvm.tirx.Select(_f32(0.0) < linear, linear, _f32(0.0)))
     return tvm.tirx.Select(low < _f32(1.0), low, _f32(1.0))
 
@@ -88,7 +99,7 @@ ACTIVATIONS = {
     "Tanh": (0, (), lambda x, a, b, bind: rational_tanh(x, bind)),
     "Relu": (0, (), lambda x, a, b, bind: tvm.tirx.Select(x > _f32(0.0), x, _f32(0.0))),
     "HardSigmoid": (2, (0.2, 0.5), lambda x, a, b, bind: _hard_sigmoid(x, a, b, bind)),
-    "Affine": (2, (0.0, 0.0), lambda x, a, b, bind: rounded(_f32(a) * x) + _f32(b)),
+    "Affine": (2, (0.0, 0.0), lambda x, a, b, bind: cpp_multiply_add(_f32(a), x, _f32(b))),
     "LeakyRelu": (1, (0.01,), lambda x, a, b, bind: tvm.tirx.Select(x >= _f32(0.0), x, _f32(a) * x)),
     "ScaledTanh": (2, (0.0, 0.0), lambda x, a, b, bind: _f32(a) * rational_tanh(_f32(b) * x, bind)),
     "Softsign": (0, (), lambda x, a, b, bind: x / (_f32(1.0) + tvm.tirx.abs(x))),
@@ -144,8 +155,9 @@ def _activations(op_type: str, attrs: dict, directions: int) -> tuple[tuple[Acti
 # ------------------------------------------- onnxruntime's GRU gates (its deepcpu helpers)
 # onnxruntime's GRU computes its reset and output gates with a tanh of its own: MLAS's rational
 # function with MLAS's coefficients, written in C++ (built without FMA on x86-64, so every
-# product is rounded) and clamped to [-10, 10]; its sigmoid is 0.5 (1 + tanh(x / 2)) on x
-# clamped to [-20, 20]. Other activations are applied as written (`composed`).
+# product is rounded; contracted on aarch64: cpp_multiply_add) and clamped to [-10, 10]; its
+# sigmoid is 0.5 (1 + tanh(x / 2)) on x clamped to [-20, 20]. Other activations are applied as
+# written (`composed`).
 GRU_TANH_BOUND, GRU_SIGMOID_BOUND = 10.0, 20.0
 
 
@@ -159,10 +171,10 @@ def _gru_tanh_ratio(x, bind):
     square = bind(rounded(x * x))
     p = _f32(TANH_P[0])
     for c in TANH_P[1:]:
-        p = rounded(square * p) + _f32(c)
+        p = cpp_multiply_add(square, p, _f32(c))
     q = _f32(TANH_Q[0])
     for c in TANH_Q[1:]:
-        q = rounded(square * q) + _f32(c)
+        q = cpp_multiply_add(square, q, _f32(c))
     return bind(rounded(x * bind(p))), bind(q)
 
 
@@ -187,13 +199,13 @@ def gru_output_gate(activation: Activation, pre, z, h_prev, bind=_unbound):
     keep = bind(_f32(1.0) - z)
     if activation.name == "Tanh":
         p, q = _gru_tanh_ratio(bind(_clamped(pre, GRU_TANH_BOUND)), bind)
-        new = rounded(keep * (p / q))
+        factor, value = keep, p / q
     elif activation.name == "Sigmoid":
         p, q = _gru_sigmoid_half_ratio(pre, bind)
-        new = rounded(rounded(keep * _f32(0.5)) * (_f32(1.0) + p / q))
+        factor, value = rounded(keep * _f32(0.5)), _f32(1.0) + p / q
     else:
-        new = rounded(keep * bind(activation(pre, bind)))
-    return new + rounded(z * h_prev)
+        factor, value = keep, bind(activation(pre, bind))
+    return cpp_multiply_add(factor, value, rounded(z * h_prev))
 
 
 # ---------------------------------------------------------------- the op
