@@ -214,15 +214,21 @@ def skip_layer_norm_as_onnxruntime(data: te.Tensor, skip: te.Tensor, gamma: te.T
     """onnxruntime's SkipLayerNormalization (com.microsoft; its CPU kernel in 1.32, read from the
     machine code): `v = (data + skip) + bias` over the last axis, Welford's update over the
     whole row whatever its length (unlike LayerNormalization), `(v - mean) / sqrt(M2 / n + eps)
-    * gamma + beta`, each operation rounded."""
+    * gamma + beta`, each operation rounded (on aarch64 its two multiply-adds fused, as in
+    _welford_layer_norm)."""
+    fused = sum_orders.current().scalar_multiply_adds_fused
     summed = topi.add(data, skip)
     if bias is not None:
         summed = topi.add(summed, bias)
-    mean, std = _welford_mean_std(summed, len(summed.shape) - 1, epsilon)
+    mean, std = _welford_mean_std(summed, len(summed.shape) - 1, epsilon, fused)
 
     def normalized(*i):
         row, column = i[:-1], i[-1]
-        scaled = rounded((summed(*i) - mean(*row)) / std(*row) * gamma(column))
-        return scaled if beta is None else scaled + beta(column)
+        quotient = (summed(*i) - mean(*row)) / std(*row)
+        if beta is None:
+            return rounded(quotient * gamma(column))
+        if fused:
+            return multiply_add(quotient, gamma(column), beta(column))
+        return rounded(quotient * gamma(column)) + beta(column)
 
     return te.compute(summed.shape, normalized, name="T_skip_layer_norm")
