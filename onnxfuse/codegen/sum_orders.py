@@ -14,14 +14,14 @@ library runs one of its levels on each CPU (docs/portability.md), so each level 
 the order onnxruntime follows on the CPUs that level serves: compile.py imports a group once per
 distinct SumOrders, under `summing_as`, and the lowerings read `current()`.
 
-On aarch64 (measured against the arm64 onnxruntime under `qemu-aarch64 -cpu neoverse-n1`) the
-vector code is NEON's: four lanes added pairwise as `faddp` adds them, (l0 + l1) + (l2 + l3),
-where x86-64's SSE code adds halves, (l0 + l2) + (l1 + l3) (Softmax, Eigen's row sums,
-GlobalAveragePool); no one-row kernel (a batch-1 product is one chain of fused multiply-adds from
-the bias, as MLAS's general kernel sums it); and
-onnxruntime's own C++ is compiled there with multiply-adds contracted (GCC's default on aarch64),
-so LayerNormalization's Welford update fuses `M2 + d * (x - m)` and `y * scale + bias`. A Conv
-there is an im2col product in MLAS's blocks of 128 products (conv_blocks.py).
+On aarch64 (measured against the arm64 onnxruntime under `qemu-aarch64 -cpu neoverse-n1`; the
+table in docs/aarch64.md) the vector code is NEON's: four lanes added pairwise as `faddp` adds
+them, (l0 + l1) + (l2 + l3), where x86-64's SSE code adds halves, (l0 + l2) + (l1 + l3)
+(Softmax, Eigen's row sums, GlobalAveragePool); there is no one-row kernel (a batch-1 product is
+one chain of fused multiply-adds from the bias, as MLAS's general kernel sums it); onnxruntime's
+own C++ is compiled with multiply-adds contracted (GCC's default on aarch64), so LayerNorm's
+Welford update and the recurrent ops' gate math fuse theirs (layer_norm.py, recurrent_op.py);
+and a Conv is an im2col product in MLAS's K blocks of 128 products or more (conv_blocks.py).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class SumOrders:
     layer_norm_welford_below: int | None  # rows of LayerNorm taking Welford's update; None: all (layer_norm)
     one_row_products: str  # GROUPS_OF_FOUR, IN_ORDER or FUSED_CHAIN
     four_lanes_added: str  # HALVES or ADJACENT
-    scalar_multiply_adds_fused: bool  # onnxruntime's C++ built with a * b + c contracted (layer_norm)
+    scalar_multiply_adds_fused: bool  # onnxruntime's C++ built with a * b + c contracted (layer_norm, recurrent_op)
 
 
 AVX512 = SumOrders(conv_channel_block=16, conv_k_block=None, softmax_lanes=16, layer_norm_welford_below=8,
