@@ -26,6 +26,7 @@ from tvm import relax, te, topi
 
 from . import sum_orders
 from .relax_rewrite import function_pass
+from .rounded_products import rounded
 from .sigmoid_clamp import CLAMP_BLOCK, clamp_to_unit
 
 # exp(r) for |r| <= ln(2)/2 as a degree-6 polynomial, highest power first, with p(0) = 1 and
@@ -95,6 +96,17 @@ def multiply_add(a, b, c):
     length is symbolic) its SLP vectorizer took two products into one vector multiply, and that
     add was not fused (an Exp was 1 ulp off onnxruntime's at 3 of 21,312 elements)."""
     return tvm.tirx.call_llvm_pure_intrin(str(a.ty.dtype), "llvm.fmuladd", a, b, c)
+
+
+def cpp_multiply_add(a, b, c, fused: bool | None = None):
+    """`a * b + c` as a line of onnxruntime's C++ computes it on the level's CPUs: the product
+    rounded, then added, on x86-64 (built without FMA); one fused multiply-add on aarch64, where
+    GCC contracts it (sum_orders.scalar_multiply_adds_fused, or `fused` where a caller must fix
+    it, as a reducer built once does). Where a line adds two products, GCC fuses the first:
+    `a * b + c * d` is fma(a, b, c * d)."""
+    if fused is None:
+        fused = sum_orders.current().scalar_multiply_adds_fused
+    return multiply_add(a, b, c) if fused else rounded(a * b) + c
 
 
 def _nearest_exponent(x):

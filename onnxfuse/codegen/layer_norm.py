@@ -31,7 +31,7 @@ import tvm
 from tvm import relax, te, topi
 
 from . import sum_orders
-from .fast_math import multiply_add
+from .fast_math import cpp_multiply_add, multiply_add
 from .index_math import static_length, unflattened
 from .rounded_products import multiply_added, rounded
 
@@ -164,7 +164,7 @@ def _welford_layer_norm(data: te.Tensor, gamma: te.Tensor, beta: te.Tensor, firs
     def normalized(*i):
         row, col = i[:first], i[first:]
         scaled = (data(*i) - mean(*row)) / std(*row)
-        return multiply_add(scaled, gamma(*col), beta(*col)) if fused else rounded(scaled * gamma(*col)) + beta(*col)
+        return cpp_multiply_add(scaled, gamma(*col), beta(*col), fused)
 
     return te.compute(data.shape, normalized, name="T_layer_norm")
 
@@ -184,7 +184,7 @@ def _welford_step(fused: bool):
         k = count + 1.0
         d = value - mean
         new_mean = mean + d / k
-        return k, new_mean, multiply_add(value - new_mean, d, m2) if fused else m2 + rounded((value - new_mean) * d)
+        return k, new_mean, cpp_multiply_add(value - new_mean, d, m2, fused)
     return step
 
 
@@ -227,8 +227,6 @@ def skip_layer_norm_as_onnxruntime(data: te.Tensor, skip: te.Tensor, gamma: te.T
         quotient = (summed(*i) - mean(*row)) / std(*row)
         if beta is None:
             return rounded(quotient * gamma(column))
-        if fused:
-            return multiply_add(quotient, gamma(column), beta(column))
-        return rounded(quotient * gamma(column)) + beta(column)
+        return cpp_multiply_add(quotient, gamma(column), beta(column), fused)
 
     return te.compute(summed.shape, normalized, name="T_skip_layer_norm")

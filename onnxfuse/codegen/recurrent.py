@@ -48,11 +48,11 @@ from ..kernel_spec import KernelSpec, TensorSpec, level_kernel_name
 from ..target import Target
 from . import param_alignment, register_file, sigmoid_clamp, sum_orders
 from .compile import CompiledGroup, _stage, build_object
+from .fast_math import cpp_multiply_add
 from .index_math import i64
 from .recurrent_op import (
     PackedWeights,
     RecurrentOp,
-    cpp_multiply_add,
     gru_output_gate,
     gru_reset_gate,
     pack_weights,

@@ -18,8 +18,7 @@ import tvm
 from onnx import helper, numpy_helper
 
 from ..errors import CompileError
-from . import sum_orders
-from .fast_math import TANH_P, TANH_Q, fast_exp_value, logistic_ratio, multiply_add, tanh_value
+from .fast_math import TANH_P, TANH_Q, cpp_multiply_add, fast_exp_value, logistic_ratio, tanh_value
 from .rounded_products import rounded
 from .sigmoid_clamp import clamp_as_kernel
 
@@ -70,16 +69,6 @@ def rational_tanh(x, bind=_unbound):
     for c in reversed(_TANH_Q[:-1]):
         q = q * s + _f32(c)
     return clamped * bind(p) / bind(q)
-
-
-def cpp_multiply_add(a, b, c):
-    """`a * b + c` as a line of onnxruntime's C++ computes it on the level's CPUs: the product
-    rounded, then added, on x86-64 (built without FMA); one fused multiply-add on aarch64, where
-    GCC contracts it (sum_orders.scalar_multiply_adds_fused). Where a line adds two products,
-    GCC fuses the first: `a * b + c * d` is fma(a, b, c * d)."""
-    if sum_orders.current().scalar_multiply_adds_fused:
-        return multiply_add(a, b, c)
-    return rounded(a * b) + c
 
 
 def _hard_sigmoid(x, alpha: float, beta: float, bind):
