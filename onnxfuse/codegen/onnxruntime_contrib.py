@@ -20,6 +20,7 @@ import functools
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
+from .arm_reciprocal import ReciprocalAsOnnxruntime
 from .gemm_blocks import GemmInBlocks
 from .identity_copies import IdentityAsCopy
 from .layer_norm import skip_layer_norm_as_onnxruntime
@@ -59,7 +60,8 @@ class GlobalAveragePool(onnx_frontend.OnnxOpConverter):
 
 CONVERTERS = {"SkipLayerNormalization": SkipLayerNormalization, "Gemm": GemmInBlocks,
               "GlobalAveragePool": GlobalAveragePool, "MatMul": MatMulAsOnnxruntime,
-              "Reshape": ReshapeRecordingDivisions, "Identity": IdentityAsCopy}
+              "Reshape": ReshapeRecordingDivisions, "Identity": IdentityAsCopy,
+              "Reciprocal": ReciprocalAsOnnxruntime}
 
 
 def installed() -> None:

@@ -22,6 +22,8 @@ one chain of fused multiply-adds from the bias, as MLAS's general kernel sums it
 own C++ is compiled with multiply-adds contracted (GCC's default on aarch64), so LayerNorm's
 Welford update and the recurrent ops' gate math fuse theirs (layer_norm.py, recurrent_op.py);
 and a Conv is an im2col product in MLAS's K blocks of 128 products or more (conv_blocks.py).
+A float32 Reciprocal there is not even a division: Eigen's NEON estimate refined twice
+(arm_reciprocal.py).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class SumOrders:
     one_row_products: str  # GROUPS_OF_FOUR, IN_ORDER or FUSED_CHAIN
     four_lanes_added: str  # HALVES or ADJACENT
     scalar_multiply_adds_fused: bool  # onnxruntime's C++ built with a * b + c contracted (layer_norm, recurrent_op)
+    reciprocal_estimated: bool = False  # Reciprocal as NEON's estimate and two Newton steps (arm_reciprocal)
 
 
 AVX512 = SumOrders(conv_channel_block=16, conv_k_block=None, softmax_lanes=16, layer_norm_welford_below=8,
@@ -59,7 +62,8 @@ AVX2 = SumOrders(conv_channel_block=8, conv_k_block=None, softmax_lanes=8, layer
 SSE = SumOrders(conv_channel_block=8, conv_k_block=None, softmax_lanes=4, layer_norm_welford_below=None,
                 one_row_products=IN_ORDER, four_lanes_added=HALVES, scalar_multiply_adds_fused=False)
 NEON = SumOrders(conv_channel_block=16, conv_k_block=128, softmax_lanes=4, layer_norm_welford_below=None,
-                 one_row_products=FUSED_CHAIN, four_lanes_added=ADJACENT, scalar_multiply_adds_fused=True)
+                 one_row_products=FUSED_CHAIN, four_lanes_added=ADJACENT, scalar_multiply_adds_fused=True,
+                 reciprocal_estimated=True)
 
 _current = contextvars.ContextVar("onnxruntime_sum_orders", default=AVX512)
 
