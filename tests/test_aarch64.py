@@ -52,6 +52,8 @@ CASES = [
     ("exported/denoiser_tiny_ts", [], (1, 2)),
     # dynamo's RMSNorm: a Reciprocal of a Sqrt, NEON's estimate refined there (arm_reciprocal)
     ("exported/prenorm_block_dynamo", [], (1, 3)),
+    # tf2onnx's Keras encoder: its tanh GELU is onnxruntime's FastGelu, contracted there (contracted_gelu)
+    ("exported/keras_encoder", [], (1, 3)),
 ]
 
 

@@ -21,6 +21,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
 from .arm_reciprocal import ReciprocalAsOnnxruntime
+from .contracted_gelu import MULTIPLY_ADD, MultiplyAdd
 from .gemm_blocks import GemmInBlocks
 from .identity_copies import IdentityAsCopy
 from .layer_norm import skip_layer_norm_as_onnxruntime
@@ -61,7 +62,7 @@ class GlobalAveragePool(onnx_frontend.OnnxOpConverter):
 CONVERTERS = {"SkipLayerNormalization": SkipLayerNormalization, "Gemm": GemmInBlocks,
               "GlobalAveragePool": GlobalAveragePool, "MatMul": MatMulAsOnnxruntime,
               "Reshape": ReshapeRecordingDivisions, "Identity": IdentityAsCopy,
-              "Reciprocal": ReciprocalAsOnnxruntime}
+              "Reciprocal": ReciprocalAsOnnxruntime, MULTIPLY_ADD: MultiplyAdd}
 
 
 def installed() -> None:

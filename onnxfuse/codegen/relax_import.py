@@ -32,6 +32,7 @@ from tvm.tirx.buffer import is_buffer_var
 from ..errors import CompileError, short_reason
 from ..kernel_spec import Dim
 from . import (
+    contracted_gelu,
     float16_as_onnxruntime,
     narrow_tables,
     one_row_products,
@@ -232,7 +233,7 @@ def import_group(model: onnx.ModelProto, name: str, fast_math: bool = True,
     in_place = narrow_tables.narrowed_tables(operand_layout.operands_in_place(model))
     as_onnxruntime = float16_as_onnxruntime.computed_as_onnxruntime(in_place)
     with one_row_products.weights_among_inputs(weight_inputs), reshape_divisions.recorded_divisions() as divisions:
-        mod = _import(onnx_semantics.as_onnxruntime_computes(as_onnxruntime))
+        mod = _import(contracted_gelu.contracted(onnx_semantics.as_onnxruntime_computes(as_onnxruntime)))
     multiples = reshape_divisions.requirements(divisions)
     try:
         mod, lifted = _lift_constants(ScalarOperands()(mod))

@@ -20,7 +20,8 @@ them, (l0 + l1) + (l2 + l3), where x86-64's SSE code adds halves, (l0 + l2) + (l
 (Softmax, Eigen's row sums, GlobalAveragePool); there is no one-row kernel (a batch-1 product is
 one chain of fused multiply-adds from the bias, as MLAS's general kernel sums it); onnxruntime's
 own C++ is compiled with multiply-adds contracted (GCC's default on aarch64), so LayerNorm's
-Welford update and the recurrent ops' gate math fuse theirs (layer_norm.py, recurrent_op.py);
+Welford update, the recurrent ops' gate math and FastGelu's inner sum fuse theirs (layer_norm.py,
+recurrent_op.py, contracted_gelu.py);
 and a Conv is an im2col product in MLAS's K blocks of 128 products or more (conv_blocks.py).
 A float32 Reciprocal there is not even a division: Eigen's NEON estimate refined twice
 (arm_reciprocal.py).

@@ -351,7 +351,8 @@ def gelu_nodes(x: str, y: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorPr
 
 def fast_gelu_nodes(x: str, y: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """`(x * 0.5) * (Tanh(x * ((C * x) * x + B)) + 1)`: onnxruntime's FastGelu kernel (its
-    products and sums rounded one by one: that part is plain C++, built without FMA)."""
+    products and sums rounded one by one: that part is plain C++, built without FMA on x86-64;
+    on aarch64 GCC fuses `(C x) x + B`, which codegen/contracted_gelu.py rewrites for import)."""
     def name(part: str) -> str:
         return f"{y}__fast_gelu_{part}"
 
