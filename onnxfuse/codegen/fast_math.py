@@ -136,7 +136,7 @@ def exp_value(x):
     f32, i32 = "float32", "int32"
     const = tvm.tirx.const
     low, high = const(EXP_LOW, f32), const(EXP_HIGH, f32)
-    clamped = tvm.tirx.Select(x < low, low, tvm.tirx.Select(x > high, high, x))
+    clamped = clamped_to(x, low, high)
     n = _nearest_exponent(clamped)  # in [-150, 128]
     reduced = _reduced(clamped, n)
     n_normal = tvm.tirx.max(tvm.tirx.min(n, const(127, i32)), const(-126, i32))
@@ -164,6 +164,16 @@ SIGMOID_Q = (6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06, 1
              1.16817656904453e-01, 9.93151921023180e-01)  # x^10 .. x^0 coefficients of q(x^2)
 
 
+def clamped_to(v, low, high):
+    """v clamped to [low, high], a NaN passed through, as MLAS clamps: min(high, v), then the max
+    of low and that. Each select returns its second operand when the compare is false, as x86's
+    minps and maxps do for a NaN, so LLVM emits one vminps and one vmaxps. Comparing v itself in
+    the second select (the same values) cost a compare and a masked move instead of the max: 5
+    clamps in every LSTM cell element."""
+    below_high = tvm.tirx.Select(high < v, high, v)
+    return tvm.tirx.Select(below_high < low, low, below_high)
+
+
 def _horner(square, coefficients, dtype):
     value = tvm.tirx.const(coefficients[0], dtype)
     for c in coefficients[1:]:
@@ -181,7 +191,7 @@ def _odd_rational(v, bound: float, p, q, bind=_unbound):
     square where a caller must keep expression trees small (the recurrent kernel)."""
     dtype = v.ty.dtype
     low, high = tvm.tirx.const(-bound, dtype), tvm.tirx.const(bound, dtype)
-    clamped = bind(tvm.tirx.Select(v < low, low, tvm.tirx.Select(v > high, high, v)))
+    clamped = bind(clamped_to(v, low, high))
     square = bind(clamped * clamped)
     return _horner(square, p, dtype) * clamped / _horner(square, q, dtype)
 
