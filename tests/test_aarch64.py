@@ -171,7 +171,8 @@ def _orders_model() -> onnx.ModelProto:
     (codegen/sum_orders.NEON), each then a Neg so that it is a group: Softmax rows of 3, 13 and
     333 (NEON's lane pairs); LayerNormalization rows of 5, 64 and 333 (Welford's update with
     fused multiply-adds); ReduceSum over a middle axis (in order) and over the last (Eigen's lanes);
-    GlobalAveragePool; a MatMul and a Gemm by run-time weights (one fused chain at one row); two
+    GlobalAveragePool over 24 and 32 channels (its lanes: no NCHWc layout there); a MatMul and a
+    Gemm by run-time weights (one fused chain at one row); two
     Convs, of 27 products (one chain in im2col order) and of 180 (two blocks and the bias), and
     one of 288 over 25 pixels (one chain: MLAS's K stride grows for few pixels), and a 32 x 32
     image (conv_schedule.is_conv_stage: its padding inlined, the kernel read outside the image); a
@@ -194,6 +195,7 @@ def _orders_model() -> onnx.ModelProto:
     case("middle", "ReduceSum", ("N", 13, 5), ("N", 5), ("axis1",), keepdims=0)
     case("last", "ReduceSum", ("N", 37), ("N",), ("axis1",), keepdims=0)
     case("pool", "GlobalAveragePool", ("N", 24, 7, 9), ("N", 24, 1, 1))
+    case("pool32", "GlobalAveragePool", ("N", 32, 3, 3), ("N", 32, 1, 1))  # no NCHWc on aarch64: its lanes
     inputs["v"], inputs["w"], inputs["c"] = (13, 40), (64, 6), (6,)
     case("matmul", "MatMul", ("N", 13), ("N", 40), ("v",))
     case("gemm", "Gemm", ("N", 64), ("N", 6), ("w", "c"))
@@ -229,7 +231,7 @@ def test_fused_ops_give_the_arm64_onnxruntimes_bits(runner, reference_runner, tm
                           "--report", str(tmp_path / "report.json"))
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "report.json").read_text())
-    assert summary["groups_fallback"] == 0 and len(summary["groups"]) == 17, summary["groups"]
+    assert summary["groups_fallback"] == 0 and len(summary["groups"]) == 18, summary["groups"]
     reference = ort.InferenceSession(str(original), quiet_session_options(), providers=["CPUExecutionProvider"])
     output_names = [o.name for o in reference.get_outputs()]
     for seed, batch in enumerate((1, 3)):

@@ -27,10 +27,10 @@ GlobalAveragePool sums its rows (a channel's spatial values) otherwise: one four
 accumulator from the row's first element whatever its alignment, the lanes added as
 (l0 + l2) + (l1 + l3), then the last n mod 4 elements one by one, and the sum divided by n
 (matched on rows of 3 to 100 values, 3-D and 4-D inputs). Except where onnxruntime's optimizer
-moves a 4-D pool to its NCHWc layout, which it does when the channels are a multiple of the
-CPU's channel block (16 with AVX-512, 8 with AVX2): that kernel sums each channel's values one
-after the other. Here a multiple of 16 counts as NCHWc; at 8 mod 16 channels an AVX2 CPU would
-take NCHWc where this order follows AVX-512's.
+moves a 4-D pool to its NCHWc layout, which it does on x86-64 when the channels are a multiple
+of the CPU's channel block (sum_orders.nchwc_block: 16 with AVX-512, 8 with AVX2 and on the SSE
+baseline): that kernel sums each channel's values one after the other. aarch64 has no NCHWc
+layout: every pool there takes the lanes (NEON's pairs), 32 channels included.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from .index_math import flat_index, i64, static_length, unflattened
 
 LANES = 4  # an SSE packet of floats
 BOUNDARY = 4  # floats per 16 bytes
-NCHWC_BLOCK = 16  # channels per block of onnxruntime's NCHWc layout with AVX-512
 ROW_SUM_LANES, ROW_SUM_EDGES, ROW_SUM, ROW_MEAN = "row_sum_lanes", "row_sum_edges", "row_sum", "row_mean"
 ROW_SUM_IN_ORDER, ROW_SUM_GROUPS = "row_sum_in_order", "row_sum_groups"  # over middle axes
 EDGES = LANES + (BOUNDARY - 1) + (LANES - 1)  # a last group of four, at most three before, three after
@@ -163,7 +162,8 @@ def global_average_as_onnxruntime(data: te.Tensor) -> te.Tensor:
     def element(row, flat):
         return data(*row, *unflattened(i64(flat), extents))
 
-    if rank == 4 and static_length(data.shape[1:2]) and int(data.shape[1]) % NCHWC_BLOCK == 0:
+    block = sum_orders.current().nchwc_block
+    if rank == 4 and block and static_length(data.shape[1:2]) and int(data.shape[1]) % block == 0:
         spatial = te.reduce_axis((i64(0), i64(n)), name="k_spatial")
         sums = te.compute(rows, lambda *row: te.sum(element(row, spatial), axis=spatial), name=ROW_SUM)
         return te.compute(rows + [i64(1)] * (rank - 2), lambda *index: sums(*index[:2]) / tvm.tirx.const(n, dtype),

@@ -54,14 +54,18 @@ class SumOrders:
     four_lanes_added: str  # HALVES or ADJACENT
     scalar_multiply_adds_fused: bool  # onnxruntime's C++ built with a * b + c contracted (layer_norm, recurrent_op)
     reciprocal_estimated: bool = False  # Reciprocal as NEON's estimate and two Newton steps (arm_reciprocal)
+    nchwc_block: int | None = None  # channels per block of onnxruntime's NCHWc layout; None: none (row_sums' pools)
 
 
 AVX512 = SumOrders(conv_channel_block=16, conv_k_block=None, softmax_lanes=16, layer_norm_welford_below=8,
-                   one_row_products=GROUPS_OF_FOUR, four_lanes_added=HALVES, scalar_multiply_adds_fused=False)
+                   one_row_products=GROUPS_OF_FOUR, four_lanes_added=HALVES, scalar_multiply_adds_fused=False,
+                   nchwc_block=16)
 AVX2 = SumOrders(conv_channel_block=8, conv_k_block=None, softmax_lanes=8, layer_norm_welford_below=8,
-                 one_row_products=GROUPS_OF_FOUR, four_lanes_added=HALVES, scalar_multiply_adds_fused=False)
+                 one_row_products=GROUPS_OF_FOUR, four_lanes_added=HALVES, scalar_multiply_adds_fused=False,
+                 nchwc_block=8)
 SSE = SumOrders(conv_channel_block=8, conv_k_block=None, softmax_lanes=4, layer_norm_welford_below=None,
-                one_row_products=IN_ORDER, four_lanes_added=HALVES, scalar_multiply_adds_fused=False)
+                one_row_products=IN_ORDER, four_lanes_added=HALVES, scalar_multiply_adds_fused=False,
+                nchwc_block=8)
 NEON = SumOrders(conv_channel_block=16, conv_k_block=128, softmax_lanes=4, layer_norm_welford_below=None,
                  one_row_products=FUSED_CHAIN, four_lanes_added=ADJACENT, scalar_multiply_adds_fused=True,
                  reciprocal_estimated=True)
