@@ -42,6 +42,7 @@ needs_harness = pytest.mark.skipif(
 
 # model, extra optimize flags (the CPU tuning variants the issue names), batch sizes to run
 CASES = [
+    ("conv_block", [], (1, 2)),  # a ResNet block: its second Conv + bias + residual, onnxruntime's Conv with a sum input
     ("lstm_cell", ["--mcpu", "cortex-a72", "--mattr", "+neon,+crc"], (1, 37)),
     ("tree_trav_d8", [], (1, 37)),
     ("transformer_mlp", ["--mcpu", "neoverse-n1"], (1, 5)),
@@ -177,7 +178,8 @@ def _orders_model() -> onnx.ModelProto:
     one of 288 over 25 pixels (one chain: MLAS's K stride grows for few pixels), and a 32 x 32
     image (conv_schedule.is_conv_stage: its padding inlined, the kernel read outside the image); a
     residual and bias Add before a LayerNormalization (onnxruntime's SkipLayerNormalization); a
-    Reciprocal of 13 floats a row (NEON's estimate in packets of 4, a division past them)."""
+    Reciprocal of 13 floats a row (NEON's estimate in packets of 4, a division past them); a Conv
+    with a bias read only by a residual Add (onnxruntime's Conv with a sum input: conv_sum_input)."""
     rng = np.random.default_rng(5)
     nodes, inputs, outputs, inits = [], {}, {}, {}
 
@@ -217,6 +219,12 @@ def _orders_model() -> onnx.ModelProto:
     inits["k16"] = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
     case("conv16", "Conv", ("N", 16, 32, 32), ("N", 16, 32, 32), ("k16",), pads=[1, 1, 1, 1])
     case("reciprocal", "Reciprocal", ("N", 13), ("N", 13))
+    # a Conv of one K block (72 products) with a bias, whose output only a residual Add reads
+    inits["k8"], inits["bias8"] = rng.standard_normal((8, 8, 3, 3)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    inputs["sum_x"], inputs["sum_z"] = ("N", 8, 6, 7), ("N", 8, 6, 7)
+    nodes.extend([node("Conv", ["sum_x", "k8", "bias8"], "sum_conv", pads=[1, 1, 1, 1]),
+                  node("Add", ["sum_z", "sum_conv"], "sum_added"), node("Neg", ["sum_added"], "sum_out")])
+    outputs["sum_out"] = ("N", 8, 6, 7)
     return model(nodes, inputs, outputs, inits, opset=17)
 
 
@@ -231,7 +239,7 @@ def test_fused_ops_give_the_arm64_onnxruntimes_bits(runner, reference_runner, tm
                           "--report", str(tmp_path / "report.json"))
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "report.json").read_text())
-    assert summary["groups_fallback"] == 0 and len(summary["groups"]) == 18, summary["groups"]
+    assert summary["groups_fallback"] == 0 and len(summary["groups"]) == 19, summary["groups"]
     reference = ort.InferenceSession(str(original), quiet_session_options(), providers=["CPUExecutionProvider"])
     output_names = [o.name for o in reference.get_outputs()]
     for seed, batch in enumerate((1, 3)):

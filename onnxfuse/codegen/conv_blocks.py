@@ -21,7 +21,9 @@ sums added in order, then the bias (`conv2d_in_k_blocks`; under `qemu-aarch64 -c
 one thread, 3 to 32 input channels, 1x1 and 3x3 windows, bit for bit, where the channel blocks
 matched none). With more threads onnxruntime splits an image's pixels among them, and the
 stride follows each share: its results then depend on its thread count, which a kernel cannot
-know; the kernel gives the one-thread bits.
+know; the kernel gives the one-thread bits. A Conv with a bias whose output only a residual Add
+reads is onnxruntime's Conv with a sum input there, summed from the residual (conv2d_with_sum,
+conv_sum_input.py).
 
 TVM's conv2d is one chain over every channel and window position. For one block (exactly 16
 channels) the order is the same, and the register-tiled schedule (conv_schedule) walks it in
@@ -42,6 +44,7 @@ from .rounded_products import multiply_added, rounded
 
 BLOCK_SUMS = "conv2d_block_sums"
 BLOCKS_SUM = "conv2d_nchw"
+CONV_WITH_SUM = "conv2d_with_sum"
 
 
 def channel_block(channels: int) -> int:
@@ -74,19 +77,27 @@ _rounded_sum = te.comm_reducer(lambda total, block_sum: total + rounded(block_su
                                lambda dtype: tvm.tirx.const(0.0, dtype), name="rounded_sum")
 
 
-def conv2d_in_blocks(data: te.Tensor, weights: te.Tensor, padding) -> te.Tensor:
-    """out[n, k, y, x] = sum over blocks b of (sum over dy, dx, c in b of image * weight), each
-    sum from 0 in that order (module doc), whatever the schedule does with the other loops. One
-    block is one stage, like TVM's own conv2d_nchw. On aarch64, conv2d_in_k_blocks."""
+def _padded(data: te.Tensor, weights: te.Tensor, padding):
+    """(the zero-padded image, the output shape) of a stride-1 conv."""
     top, left, bottom, right = (int(p) for p in padding)
-    batch, channels, height, width = data.shape
+    batch, _, height, width = data.shape
     out_channels, _, rows, cols = weights.shape
-    channels = int(channels)
     image = topi.nn.pad(data, [0, 0, top, left], [0, 0, bottom, right], name="pad_temp") \
         if (top, left, bottom, right) != (0, 0, 0, 0) else data
     # Simplified, so a symbolic image size gives an output dim the kernel can name (H, not H + 2 - 3 + 1).
     simplify = tvm.sym.Analyzer().simplify
-    out_shape = (batch, out_channels, simplify(height + top + bottom - rows + 1), simplify(width + left + right - cols + 1))
+    return image, (batch, out_channels, simplify(height + top + bottom - rows + 1),
+                   simplify(width + left + right - cols + 1))
+
+
+def conv2d_in_blocks(data: te.Tensor, weights: te.Tensor, padding) -> te.Tensor:
+    """out[n, k, y, x] = sum over blocks b of (sum over dy, dx, c in b of image * weight), each
+    sum from 0 in that order (module doc), whatever the schedule does with the other loops. One
+    block is one stage, like TVM's own conv2d_nchw. On aarch64, conv2d_in_k_blocks."""
+    channels = int(data.shape[1])
+    _, _, rows, cols = weights.shape
+    image, out_shape = _padded(data, weights, padding)
+    batch = out_shape[0]
     k_block = sum_orders.current().conv_k_block
     if k_block is not None:
         return conv2d_in_k_blocks(image, weights, out_shape, k_block)
@@ -138,6 +149,58 @@ def mlas_k_stride(columns: int | None, k: int, stride_k: int) -> int:
 def conv2d_in_k_blocks(image: te.Tensor, weights: te.Tensor, out_shape, k_stride: int) -> te.Tensor:
     """aarch64's order (module doc): the products in im2col order (c, dy, dx), in blocks of
     MLAS's K stride, each block's sum from 0, the blocks added in order."""
+    sums, blocks = _k_block_sums(image, weights, out_shape, k_stride)
+    if blocks == 1:
+        return sums
+    b = te.reduce_axis((0, blocks), name="rb")
+    return te.compute(out_shape, lambda n, k, y, x: _rounded_sum(sums[n, b, k, y, x], axis=b), name=BLOCKS_SUM)
+
+
+def conv2d_with_sum(data: te.Tensor, weights: te.Tensor, bias: te.Tensor, addend: te.Tensor, padding) -> te.Tensor:
+    """aarch64: `conv + bias + addend` as onnxruntime's Conv fused with a sum input computes it
+    (its optimizer fuses a Conv with a bias into the residual Add that alone reads it): MLAS's
+    product starts from the addend, so each K block's sum is added to it in turn, and the bias
+    last: ((addend + s0) + s1 ...) + bias. The whole blocks are one stage and a ragged last block
+    one of its own, so no product is masked: with conv2d_in_k_blocks' masked last block, LLVM
+    left one unrolled row's product unfused here (2% of the values 1 ulp off)."""
+    image, out_shape = _padded(data, weights, padding)
+    out_channels, channels, rows, cols = (int(d) for d in weights.shape)
+    window, total = rows * cols, channels * rows * cols
+    height, width = (tir_walk.static_int(d) for d in out_shape[2:])
+    pixels = height * width if height is not None and width is not None else None
+    k_block = mlas_k_stride(pixels, total, sum_orders.current().conv_k_block)
+    whole, ragged = divmod(total, k_block)
+
+    def products(first: int, count: int, name: str):
+        t = te.reduce_axis((0, count), name="rt")
+
+        def chain(n, b, k, y, x):
+            flat = first + b * k_block + t
+            c, dy, dx = flat // window, flat % window // cols, flat % cols
+            return multiply_added(image[n, c, y + dy, x + dx] * weights[k, c, dy, dx], axis=[t])
+
+        if name == BLOCK_SUMS:
+            return te.compute((out_shape[0], whole, *out_shape[1:]), chain, name=name)
+        return te.compute(out_shape, lambda n, k, y, x: chain(n, 0, k, y, x), name=name)
+
+    sums = products(0, k_block, BLOCK_SUMS) if whole else None
+    last = products(whole * k_block, ragged, BLOCK_SUMS + "_ragged") if ragged else None
+
+    def element(n, k, y, x):
+        value = addend[n, k, y, x]
+        for b in range(whole):
+            value = value + rounded(sums(n, b, k, y, x))
+        if last is not None:
+            value = value + rounded(last(n, k, y, x))
+        index = (n, k, y, x)[4 - len(bias.shape):]  # the bias broadcast: [K, 1, 1] or [1, K, 1, 1]
+        return value + bias[tuple(0 if tir_walk.static_int(d) == 1 else i for d, i in zip(bias.shape, index))]
+
+    return te.compute(out_shape, element, name=CONV_WITH_SUM)
+
+
+def _k_block_sums(image: te.Tensor, weights: te.Tensor, out_shape, k_stride: int):
+    """(each K block's sum [n, block, k, y, x], the block count), or (the one chain [n, k, y, x],
+    1) where one block holds every product."""
     out_channels, channels, rows, cols = (int(d) for d in weights.shape)
     window = rows * cols
     total = channels * window
@@ -147,7 +210,7 @@ def conv2d_in_k_blocks(image: te.Tensor, weights: te.Tensor, out_shape, k_stride
         c, dy, dx = te.reduce_axis((0, channels), name="rc"), te.reduce_axis((0, rows), name="ry"), \
             te.reduce_axis((0, cols), name="rx")
         return te.compute(out_shape, lambda n, k, y, x: multiply_added(
-            image[n, c, y + dy, x + dx] * weights[k, c, dy, dx], axis=[c, dy, dx]), name=BLOCKS_SUM)
+            image[n, c, y + dy, x + dx] * weights[k, c, dy, dx], axis=[c, dy, dx]), name=BLOCKS_SUM), 1
     blocks = -(-total // k_block)
     t = te.reduce_axis((0, k_block), name="rt")
 
@@ -161,9 +224,7 @@ def conv2d_in_k_blocks(image: te.Tensor, weights: te.Tensor, out_shape, k_stride
         weight = tvm.tirx.Select(within, weights[k, c, dy, dx], tvm.tirx.const(-0.0, image.dtype))
         return multiply_added(pixel * weight, axis=[t])
 
-    sums = te.compute((out_shape[0], blocks, *out_shape[1:]), block_sum, name=BLOCK_SUMS)
-    b = te.reduce_axis((0, blocks), name="rb")
-    return te.compute(out_shape, lambda n, k, y, x: _rounded_sum(sums[n, b, k, y, x], axis=b), name=BLOCKS_SUM)
+    return te.compute((out_shape[0], blocks, *out_shape[1:]), block_sum, name=BLOCK_SUMS), blocks
 
 
 def legalize_conv2d(bb, call):

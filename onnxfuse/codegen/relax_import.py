@@ -41,6 +41,7 @@ from . import (
     operand_layout,
     reshape_divisions,
 )
+from .conv_sum_input import ConvSumInput
 from .fast_math import FastMath
 from .fold_shape_take import FoldShapeTake
 from .index_math import derived_dim
@@ -164,6 +165,7 @@ def _simplify_and_legalize(mod: tvm.IRModule, fast_math: bool) -> tvm.IRModule:
     if fast_math:
         passes.append(FastMath())
     passes += [
+        ConvSumInput(),
         relax.transform.LegalizeOps(customize_legalize_map=CUSTOM_LEGALIZE),
         relax.transform.FoldConstant(),
         relax.transform.EliminateCommonSubexpr(),
