@@ -76,8 +76,8 @@ _current = contextvars.ContextVar("onnxruntime_sum_orders", default=AVX512)
 def for_target(tvm_target) -> SumOrders:
     """onnxruntime's orders on the CPUs of an ISA level's TVM target: NEON's on aarch64; on
     x86-64 MLAS takes its AVX-512 kernels with AVX-512F, its AVX2 ones with AVX2 and FMA, its
-    generic or SSE ones otherwise (an AVX CPU without AVX2, Sandy Bridge, was not checked: only
-    the portable levels were)."""
+    generic or SSE ones otherwise. An AVX CPU without AVX2 (Sandy Bridge) runs the baseline level,
+    where MLAS takes its AVX one-row kernel: only those products differ there (docs/portability.md)."""
     from tvm.target import codegen
 
     registers = register_file.for_target(tvm_target)
