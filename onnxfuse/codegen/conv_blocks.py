@@ -146,12 +146,44 @@ def mlas_k_stride(columns: int | None, k: int, stride_k: int) -> int:
     return stride_k
 
 
+def _im2col_k_block(weights: te.Tensor, out_shape, k_stride: int) -> int:
+    """The products per K block MLAS takes for this conv's im2col product (mlas_k_stride)."""
+    _, channels, rows, cols = (int(d) for d in weights.shape)
+    height, width = (tir_walk.static_int(d) for d in out_shape[2:])
+    pixels = height * width if height is not None and width is not None else None
+    return mlas_k_stride(pixels, channels * rows * cols, k_stride)
+
+
+def _im2col_position(flat, weights: te.Tensor):
+    """(c, dy, dx) of the flat-th product in im2col order (the window column innermost)."""
+    rows, cols = (int(d) for d in weights.shape[2:])
+    return flat // (rows * cols), flat % (rows * cols) // cols, flat % cols
+
+
 def conv2d_in_k_blocks(image: te.Tensor, weights: te.Tensor, out_shape, k_stride: int) -> te.Tensor:
     """aarch64's order (module doc): the products in im2col order (c, dy, dx), in blocks of
     MLAS's K stride, each block's sum from 0, the blocks added in order."""
-    sums, blocks = _k_block_sums(image, weights, out_shape, k_stride)
-    if blocks == 1:
-        return sums
+    _, channels, rows, cols = (int(d) for d in weights.shape)
+    total = channels * rows * cols
+    k_block = _im2col_k_block(weights, out_shape, k_stride)
+    if total <= k_block:
+        c, dy, dx = te.reduce_axis((0, channels), name="rc"), te.reduce_axis((0, rows), name="ry"), \
+            te.reduce_axis((0, cols), name="rx")
+        return te.compute(out_shape, lambda n, k, y, x: multiply_added(
+            image[n, c, y + dy, x + dx] * weights[k, c, dy, dx], axis=[c, dy, dx]), name=BLOCKS_SUM)
+    blocks = -(-total // k_block)
+    t = te.reduce_axis((0, k_block), name="rt")
+
+    def block_sum(n, b, k, y, x):
+        flat = b * k_block + t
+        # A ragged last block reads the last product and adds +0 x -0 = -0 (conv2d_in_blocks).
+        within = flat < total
+        c, dy, dx = _im2col_position(tvm.tirx.min(flat, total - 1), weights)
+        pixel = tvm.tirx.Select(within, image[n, c, y + dy, x + dx], tvm.tirx.const(0.0, image.dtype))
+        weight = tvm.tirx.Select(within, weights[k, c, dy, dx], tvm.tirx.const(-0.0, image.dtype))
+        return multiply_added(pixel * weight, axis=[t])
+
+    sums = te.compute((out_shape[0], blocks, *out_shape[1:]), block_sum, name=BLOCK_SUMS)
     b = te.reduce_axis((0, blocks), name="rb")
     return te.compute(out_shape, lambda n, k, y, x: _rounded_sum(sums[n, b, k, y, x], axis=b), name=BLOCKS_SUM)
 
@@ -164,19 +196,15 @@ def conv2d_with_sum(data: te.Tensor, weights: te.Tensor, bias: te.Tensor, addend
     one of its own, so no product is masked: with conv2d_in_k_blocks' masked last block, LLVM
     left one unrolled row's product unfused here (2% of the values 1 ulp off)."""
     image, out_shape = _padded(data, weights, padding)
-    out_channels, channels, rows, cols = (int(d) for d in weights.shape)
-    window, total = rows * cols, channels * rows * cols
-    height, width = (tir_walk.static_int(d) for d in out_shape[2:])
-    pixels = height * width if height is not None and width is not None else None
-    k_block = mlas_k_stride(pixels, total, sum_orders.current().conv_k_block)
+    total = int(weights.shape[1]) * int(weights.shape[2]) * int(weights.shape[3])
+    k_block = _im2col_k_block(weights, out_shape, sum_orders.current().conv_k_block)
     whole, ragged = divmod(total, k_block)
 
     def products(first: int, count: int, name: str):
         t = te.reduce_axis((0, count), name="rt")
 
         def chain(n, b, k, y, x):
-            flat = first + b * k_block + t
-            c, dy, dx = flat // window, flat % window // cols, flat % cols
+            c, dy, dx = _im2col_position(first + b * k_block + t, weights)
             return multiply_added(image[n, c, y + dy, x + dx] * weights[k, c, dy, dx], axis=[t])
 
         if name == BLOCK_SUMS:
@@ -196,35 +224,6 @@ def conv2d_with_sum(data: te.Tensor, weights: te.Tensor, bias: te.Tensor, addend
         return value + bias[tuple(0 if tir_walk.static_int(d) == 1 else i for d, i in zip(bias.shape, index))]
 
     return te.compute(out_shape, element, name=CONV_WITH_SUM)
-
-
-def _k_block_sums(image: te.Tensor, weights: te.Tensor, out_shape, k_stride: int):
-    """(each K block's sum [n, block, k, y, x], the block count), or (the one chain [n, k, y, x],
-    1) where one block holds every product."""
-    out_channels, channels, rows, cols = (int(d) for d in weights.shape)
-    window = rows * cols
-    total = channels * window
-    height, width = (tir_walk.static_int(d) for d in out_shape[2:])
-    k_block = mlas_k_stride(height * width if height is not None and width is not None else None, total, k_stride)
-    if total <= k_block:
-        c, dy, dx = te.reduce_axis((0, channels), name="rc"), te.reduce_axis((0, rows), name="ry"), \
-            te.reduce_axis((0, cols), name="rx")
-        return te.compute(out_shape, lambda n, k, y, x: multiply_added(
-            image[n, c, y + dy, x + dx] * weights[k, c, dy, dx], axis=[c, dy, dx]), name=BLOCKS_SUM), 1
-    blocks = -(-total // k_block)
-    t = te.reduce_axis((0, k_block), name="rt")
-
-    def block_sum(n, b, k, y, x):
-        flat = b * k_block + t
-        # A ragged last block reads the last product and adds +0 x -0 = -0 (conv2d_in_blocks).
-        within = flat < total
-        last = tvm.tirx.min(flat, total - 1)
-        c, dy, dx = last // window, last % window // cols, last % cols
-        pixel = tvm.tirx.Select(within, image[n, c, y + dy, x + dx], tvm.tirx.const(0.0, image.dtype))
-        weight = tvm.tirx.Select(within, weights[k, c, dy, dx], tvm.tirx.const(-0.0, image.dtype))
-        return multiply_added(pixel * weight, axis=[t])
-
-    return te.compute((out_shape[0], blocks, *out_shape[1:]), block_sum, name=BLOCK_SUMS), blocks
 
 
 def legalize_conv2d(bb, call):
