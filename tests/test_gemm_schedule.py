@@ -170,13 +170,27 @@ def test_a_bias_add_runs_per_register_tile(residual):
     assert not stats.skipped_steps
 
 
-@pytest.mark.parametrize("name", ["lstm_gate", "lstm_cell"])
-def test_gate_epilogues_stay_at_the_row_tile(name):
-    """A gate cell's reader needs other column blocks (the Split's parts) or both GEMMs: not tried,
-    so no refusal is recorded either."""
-    stats = _schedule_stats(onnx.load(str(MODELS / f"{name}.onnx")))
+def test_gate_epilogues_stay_at_the_row_tile():
+    """A gate cell's reader needs other column blocks (the Split's parts): not tried, so no
+    refusal is recorded either."""
+    stats = _schedule_stats(onnx.load(str(MODELS / "lstm_gate.onnx")))
     assert stats.epilogues_per_tile == 0
     assert not stats.skipped_steps
+
+
+def test_two_products_are_summed_per_register_tile():
+    """lstm_cell's `X W + H R + b`: both products' tile loops merged, their sum under the
+    register tile (schedule._sum_per_register_tile), the second product's write-back inlined
+    into it; the gate math stays at the row tile."""
+    from onnxfuse.codegen import relax_import
+
+    func, stats = schedule_group(relax_import.import_group(onnx.load(str(MODELS / "lstm_cell.onnx")), "g").prim_func,
+                                 registers=AVX512)
+    assert stats.epilogues_per_tile == 1
+    assert not stats.skipped_steps
+    script = func.script()
+    assert script.count("_m in T.serial(T.int64(4)") == 1  # one loop over the column blocks of both products
+    assert 'sblock("matmul_intermediate_local")' not in script  # stored by the sum instead
 
 
 @pytest.mark.parametrize("residual", [False, True])

@@ -905,6 +905,8 @@ def schedule_matmul(sch, stats: ScheduleStats, block_rv, registers: RegisterFile
         last_result = writeback
         if gemm_blocks.is_blocks_sum(block):
             last_result, tile = _tail_per_register_tile(sch, stats, block_rv, writeback, tile) or (writeback, tile)
+        else:
+            last_result, tile = _sum_per_register_tile(sch, stats, block_rv, writeback, tile) or (writeback, tile)
         chain = PADDED_COLUMNS not in block.annotations and cols > lanes and not _other_products(sch, block)
         column_blocks = cols // (vectors * lanes)
         epilogue_per_register_tile(sch, stats, last_result, tile, chain=chain,
@@ -1000,6 +1002,50 @@ def _tail_per_register_tile(sch, stats: ScheduleStats, block_rv, writeback, tile
                 lambda: sch.reverse_compute_at(add, own[last], preserve_unit_loops=True)):
         return None
     stats.epilogues_per_tile += 1
+    _try(stats, f"inline {sch.get(writeback).name_hint}", lambda: sch.compute_inline(writeback))
+    return add, own[last]
+
+
+def _is_tile_write_back(block) -> bool:
+    """Whether the block stores a register tile from its local cache (_register_tile_write_back)."""
+    return (len(block.reads) == 1 and block.reads[0].source.scope() == "local"
+            and block.writes[0].source.scope() != "local")
+
+
+def _sum_per_register_tile(sch, stats: ScheduleStats, block_rv, writeback, tile_loop):
+    """Two products summed elementwise (a recurrent cell's `X W + H R`, then its bias): the
+    product scheduled first is computed for the same register tile just before this one, their
+    tile loops merged level by level (as _tail_per_register_tile merges a blocked product's
+    tail), so the sum runs on the two tiles just stored instead of as a pass over the row tile.
+    Returns the sum and the merged tile loop, else None."""
+    add = next((c for c in sch.get_consumers(writeback)
+                if any(_is_tile_write_back(sch.get(p)) and not sch.get(p).same_as(sch.get(writeback))
+                       for p in sch.get_producers(c))), None)
+    if add is None:
+        return None
+    other = next(p for p in sch.get_producers(add)
+                 if _is_tile_write_back(sch.get(p)) and not sch.get(p).same_as(sch.get(writeback)))
+    results = [sch.get(writeback).writes[0].source, sch.get(other).writes[0].source]
+    if not _reads_tile_results_only(sch, add, results):
+        return None
+    own, theirs = list(sch.get_loops(writeback)), list(sch.get_loops(other))
+    depth = next((d for d, (a, b) in enumerate(zip(own, theirs)) if not sch.get(a).same_as(sch.get(b))), None)
+    last = next((d for d, loop in enumerate(own) if sch.get(loop).same_as(sch.get(tile_loop))), None)
+    if depth is None or last is None or len(theirs) <= last or depth > last:
+        return None
+    for d in range(depth, last + 1):
+        if _static(sch.get(own[d]).extent) != _static(sch.get(theirs[d]).extent):
+            return None
+    name = sch.get(add).name_hint
+    for d in range(depth, last + 1):
+        if not _try(stats, f"merge tile loops {name}", lambda: sch.merge(theirs[d], own[d])):
+            return None
+        own, theirs = list(sch.get_loops(writeback)), list(sch.get_loops(other))
+    if not _try(stats, f"epilogue per register tile {name}",
+                lambda: sch.reverse_compute_at(add, own[last], preserve_unit_loops=True)):
+        return None
+    stats.epilogues_per_tile += 1
+    _try(stats, f"inline {sch.get(writeback).name_hint}", lambda: sch.compute_inline(writeback))
     return add, own[last]
 
 
