@@ -170,6 +170,17 @@ def test_a_bias_add_runs_per_register_tile(residual):
     assert not stats.skipped_steps
 
 
+def test_the_bias_add_stores_the_accumulators():
+    """The register tile's write-back is inlined into its one per-tile reader: no block copies
+    the local accumulators out; the bias Add reads them."""
+    from onnxfuse.codegen import relax_import
+
+    func, _ = schedule_group(relax_import.import_group(_projection(False)[0], "g").prim_func, registers=AVX512)
+    script = func.script()
+    assert "_local = T.sblock_alloc_buffer" in script or 'scope="local"' in script
+    assert not [line for line in script.splitlines() if 'T.sblock("' in line and '_local")' in line]
+
+
 def test_gate_epilogues_stay_at_the_row_tile():
     """A gate cell's reader needs other column blocks (the Split's parts): not tried, so no
     refusal is recorded either."""
