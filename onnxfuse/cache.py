@@ -153,6 +153,8 @@ class KernelCache:
                 serial_variant=bool(meta["serial_variant"]),
                 levels=tuple(meta["levels"]),
                 level_small_batch_below=tuple(int(v) for v in meta.get("level_small_batch_below", ())),
+                row_tile=int(meta.get("row_tile", 0)),
+                level_row_tiles=tuple(int(v) for v in meta.get("level_row_tiles", ())),
                 multiples=tuple((str(symbol), int(n)) for symbol, n in meta.get("multiples", ())),
             )
             return GroupKernel(spec, tuple(meta["arg_sources"]), weights), meta["info"]
@@ -197,6 +199,8 @@ def _meta_json(key: str, kernel: GroupKernel, info: dict, files: dict[str, bytes
         "serial_variant": kernel.spec.serial_variant,
         "levels": list(kernel.spec.levels),
         "level_small_batch_below": list(kernel.spec.level_small_batch_below),
+        "row_tile": kernel.spec.row_tile,
+        "level_row_tiles": list(kernel.spec.level_row_tiles),
         "multiples": [list(pair) for pair in kernel.spec.multiples],
         "info": info,
     }

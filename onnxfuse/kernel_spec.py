@@ -152,7 +152,10 @@ class KernelSpec:
     with more than one, every entry point above exists once per level, named by
     level_kernel_name (empty: one level, unsuffixed). level_small_batch_below: each level's own
     threshold, in the order of `levels` (their row tiles differ; empty: small_batch_below for
-    all)."""
+    all). row_tile > 0: the kernel's rows are separable (codegen/row_slices.py) and its main
+    schedule computes them in tiles of row_tile; a batch whose last tile would hold fewer rows
+    than small_batch_below runs its whole tiles in the main kernel and those rows in the small
+    variant (rows_left_to_small_variant). level_row_tiles: each level's, as for thresholds."""
 
     name: str
     inputs: tuple[TensorSpec, ...]
@@ -163,6 +166,8 @@ class KernelSpec:
     serial_variant: bool = False
     levels: tuple[str, ...] = ()
     level_small_batch_below: tuple[int, ...] = ()
+    row_tile: int = 0
+    level_row_tiles: tuple[int, ...] = ()
     multiples: tuple[tuple[str, int], ...] = ()
     """(key, n): the kernel fails unless the symbol's value, or the product of two ("s0*s1",
     product_symbols), is a multiple of n (a Reshape in the group splits it;
@@ -177,6 +182,12 @@ class KernelSpec:
         if self.level_small_batch_below and level_suffix in self.levels:
             return self.level_small_batch_below[self.levels.index(level_suffix)]
         return self.small_batch_below
+
+    def row_tile_at(self, level_suffix: str) -> int:
+        """The main kernel's row tile on the level with this suffix (0: rows not separable)."""
+        if self.level_row_tiles and level_suffix in self.levels:
+            return self.level_row_tiles[self.levels.index(level_suffix)]
+        return self.row_tile
 
     @property
     def small_name(self) -> str:
@@ -194,6 +205,10 @@ class KernelSpec:
         if self.level_small_batch_below and len(self.level_small_batch_below) != len(self.levels):
             raise ValueError(f"kernel {self.name}: {len(self.level_small_batch_below)} small-batch thresholds "
                              f"for {len(self.levels)} levels")
+        if self.level_row_tiles and len(self.level_row_tiles) != len(self.levels):
+            raise ValueError(f"kernel {self.name}: {len(self.level_row_tiles)} row tiles for {len(self.levels)} levels")
+        if (self.row_tile or self.level_row_tiles) and not self.small_batch_below:
+            raise ValueError(f"kernel {self.name}: a row tile without a small-batch variant")
         bound = {d for t in self.inputs for d in t.shape if isinstance(d, str)}
         for d in (d for t in self.inputs for d in t.shape if isinstance(d, DerivedDim)):
             if d.divisor != 1 or not set(d.symbols) <= bound:
@@ -217,3 +232,15 @@ class GroupKernel:
     spec: KernelSpec
     arg_sources: tuple[str, ...]
     extra_weights: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def rows_left_to_small_variant(batch: int, row_tile: int, small_batch_below: int) -> int:
+    """How many of a call's last rows the small-batch variant computes after the main kernel has
+    computed the others (0: one call of one variant). Worth it when the main kernel's last tile
+    would hold fewer rows than small_batch_below: that tile costs a whole tile's work, the variant
+    a row's at a time (codegen/schedule.small_batch_below). The runtime's C twin is
+    rows_left_to_small_variant in onnxfuse_runtime.c."""
+    if row_tile <= 0 or batch < small_batch_below:
+        return 0
+    left = batch % row_tile
+    return left if left < small_batch_below else 0

@@ -263,7 +263,7 @@ def test_each_levels_threshold_derived_from_the_best_levels_schedule_is_its_own_
     level's own schedule gives, for wide, narrow and padded GEMMs and the bundled cells."""
     from onnxfuse.codegen import relax_import
     from onnxfuse.codegen.register_file import SSE
-    from onnxfuse.codegen.schedule import small_batch_below, small_batch_below_for_level
+    from onnxfuse.codegen.schedule import small_batch_below, small_batch_below_for_level, tile_rows_for_level
 
     models = {"wide": lambda: _model(64, 256, False)[0], "seed_gate": lambda: _model(10, 30, True)[0],
               "narrow": lambda: _model(16, 32, False)[0]}
@@ -272,8 +272,9 @@ def test_each_levels_threshold_derived_from_the_best_levels_schedule_is_its_own_
     best = schedule_group(func, registers=AVX512)[1]
     assert small_batch_below(best) > 0
     for registers in (AVX2, SSE, NEON):
-        own = small_batch_below(schedule_group(func, registers=registers)[1])
-        assert small_batch_below_for_level(best, AVX512, registers) == own, registers
+        own = schedule_group(func, registers=registers)[1]
+        assert small_batch_below_for_level(best, AVX512, registers) == small_batch_below(own), registers
+        assert tile_rows_for_level(best, AVX512, registers) == own.tile_rows, registers
 
 
 def test_a_portable_library_switches_each_level_at_its_own_threshold(tmp_path):
@@ -287,10 +288,11 @@ def test_a_portable_library_switches_each_level_at_its_own_threshold(tmp_path):
     compiled = compile_group(model, "wide_levels", target, tmp_path, host_kernel=True)
     spec = compiled.spec
     assert spec.level_small_batch_below == (4, 6, 6) and spec.small_batch_below == 4
+    assert spec.level_row_tiles == (6, 8, 8) and spec.row_tile == 6  # its rows are separable (row_slices)
     source = kernel_table_source([spec], table_levels([spec], target), target.arch)
-    for suffix, below in zip(spec.levels, spec.level_small_batch_below):
-        assert f"__tvm_ffi_wide_levels__{suffix}_small, {below}," in source
-    for batch in range(1, 10):
+    for suffix, below, tile in zip(spec.levels, spec.level_small_batch_below, spec.level_row_tiles):
+        assert f"__tvm_ffi_wide_levels__{suffix}_small, {below}, {tile}," in source
+    for batch in [*range(1, 10), 13, 19]:
         x = np.random.default_rng(batch).standard_normal((batch, 64)).astype(np.float32)
         (y,) = compiled.run({"x": x})
         np.testing.assert_allclose(y, _numpy(x, weight, False), rtol=1e-4, atol=1e-4)

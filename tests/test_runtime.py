@@ -271,7 +271,7 @@ def test_work_estimate_picks_pool_or_inline_and_both_compute(build, tmp_path, ro
     _, _, objects = build
     heavy = KernelSpec("parallel_scale", (TensorSpec("float32", ("n", 64)),), (TensorSpec("float32", ("n", 64)),),
                        objects["parallel_scale"], row_work=row_work)
-    assert f"__tvm_ffi_parallel_scale, NULL, 0, NULL, {row_work}," in kernel_table_source([heavy])
+    assert f"__tvm_ffi_parallel_scale, NULL, 0, 0, NULL, {row_work}," in kernel_table_source([heavy])
     library = build_library([heavy], tmp_path / LIBRARY_NAME)
     model = write_model(tmp_path, "work", "parallel_scale", [("x", F32, ["n", 64])], [("y", F32, None)])
     rng = np.random.default_rng(4)
@@ -307,7 +307,7 @@ def test_calls_without_the_pool_run_the_serial_variant(tmp_path, row_work, seria
     kernel through it; calls not worth the pool run `<name>_serial`, at every thread count; the
     table names both."""
     model, library, table = twins_library(tmp_path, row_work)
-    assert f"__tvm_ffi_twins, NULL, 0, __tvm_ffi_twins_serial, {row_work}," in table
+    assert f"__tvm_ffi_twins, NULL, 0, 0, __tvm_ffi_twins_serial, {row_work}," in table
     x = np.random.default_rng(5).standard_normal((40, 64), dtype=np.float32)
     for threads in (1, 2):
         for sess in sessions(model, library, threads):

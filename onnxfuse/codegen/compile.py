@@ -27,7 +27,14 @@ import tvm
 from onnx import numpy_helper
 
 from ..errors import CompileError, short_reason
-from ..kernel_spec import KernelSpec, TensorSpec, level_kernel_name, serial_variant_name, small_variant_name
+from ..kernel_spec import (
+    KernelSpec,
+    TensorSpec,
+    level_kernel_name,
+    rows_left_to_small_variant,
+    serial_variant_name,
+    small_variant_name,
+)
 from ..target import Target, runs_here
 from . import (
     bounds,
@@ -40,6 +47,7 @@ from . import (
     register_file,
     relax_import,
     reshape_divisions,
+    row_slices,
     schedule,
     sigmoid_clamp,
     spill_guard,
@@ -70,6 +78,19 @@ class CompiledGroup:
         """Runs the kernel in-process with TVM's runtime (for verification against onnxruntime)."""
         values = self._argument_values(feeds)
         bindings = _bind_symbols(self.spec.inputs, values)
+        batch = int(np.prod(list(bindings.values())))
+        left = rows_left_to_small_variant(batch, self.spec.row_tile, self.spec.small_batch_below)
+        if not left:
+            return self._run_rows(values, bindings)
+        (symbol,) = bindings  # a row tile is set for kernels with one symbol only (row_slices)
+        rows = [isinstance(t.shape[0], str) if t.shape else False for t in self.spec.inputs]
+        head = [v[: batch - left] if row else v for v, row in zip(values, rows)]
+        tail = [v[batch - left:] if row else v for v, row in zip(values, rows)]
+        outputs = zip(self.spec.outputs, self._run_rows(head, {symbol: batch - left}), self._run_rows(tail, {symbol: left}))
+        return [np.concatenate([first, rest]) if spec.shape and isinstance(spec.shape[0], str) else first
+                for spec, first, rest in outputs]
+
+    def _run_rows(self, values: list, bindings: dict[str, int]) -> list[np.ndarray]:
         kernel = self._kernel(bindings)
         args = [tvm.runtime.tensor(np.require(v, requirements="C")) for v in values]
         outs = [tvm.runtime.empty(o.concrete(bindings), o.dtype) for o in self.spec.outputs]
@@ -280,11 +301,15 @@ def compile_group(
     options = llvm_options(target, sched_stats.gather_chain)
     small_below = schedule.small_batch_below(sched_stats) if small_variant else 0
     level_small_below = _level_small_batch_below(target, sched_stats, registers) if small_variant else ()
+    sliced = small_variant and _rows_in_slices(group, sched_stats)
+    row_tile = sched_stats.tile_rows if sliced else 0
+    level_row_tiles = _level_row_tiles(target, sched_stats, registers) if sliced else ()
     inputs = tuple(TensorSpec(dtype, dims) for dtype, dims in group.input_types)
     outputs = tuple(TensorSpec(dtype, dims) for dtype, dims in group.output_types)
     try:
         spec = KernelSpec(name, inputs, outputs, str(pathlib.Path(out_dir) / f"{name}.o"),
                           small_batch_below=small_below, level_small_batch_below=level_small_below,
+                          row_tile=row_tile, level_row_tiles=level_row_tiles,
                           row_work=sched_stats.row_work if sched_stats.symbolic_rows else 0,
                           serial_variant=serial_variant, multiples=group.multiples,
                           levels=tuple(level.suffix for level in levels) if len(levels) > 1 else ())
@@ -301,6 +326,7 @@ def compile_group(
     stats["max_duplication"] = max_duplication
     stats["index_checks"] = n_checks
     stats["small_batch_variant_below"] = small_below
+    stats["row_tile"] = row_tile
     stats["serial_variant"] = serial_variant
     stats["isa_levels"] = ",".join(level.name for level in levels)
     stats["fused_prim_funcs"] = 1  # import_group fails unless main calls exactly one PrimFunc
@@ -314,6 +340,24 @@ def _level_small_batch_below(target: Target, best_stats, best_registers: Registe
         return ()
     return tuple(schedule.small_batch_below_for_level(best_stats, best_registers,
                                                       register_file.for_target(target.tvm_target(level)))
+                 for level in target.levels)
+
+
+def _rows_in_slices(group: relax_import.ImportedGroup, stats: schedule.ScheduleStats) -> bool:
+    """Whether a call may run its last few rows in the small-batch variant
+    (kernel_spec.rows_left_to_small_variant): a register-tiled GEMM kernel (the one kind whose
+    variants were measured against each other, schedule.small_batch_below) whose rows are
+    separable and whose symbol no Reshape needs a multiple of."""
+    return (stats.register_tiles > 0 and not stats.gather_chain and not group.multiples
+            and row_slices.separable_rows(group.prim_func))
+
+
+def _level_row_tiles(target: Target, best_stats, best_registers: RegisterFile) -> tuple[int, ...]:
+    """Each level's main row tile, best level first (empty for one level)."""
+    if len(target.levels) == 1:
+        return ()
+    return tuple(schedule.tile_rows_for_level(best_stats, best_registers,
+                                              register_file.for_target(target.tvm_target(level)))
                  for level in target.levels)
 
 

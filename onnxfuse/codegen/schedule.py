@@ -1446,8 +1446,14 @@ def small_batch_below_for_level(best: ScheduleStats, best_registers: RegisterFil
     that fill the widest register tile fill every narrower one, so that level takes its own
     gemm_tile_rows there; any other tile (a narrow GEMM's GEMM_TILE_ROWS) is the same at every
     level. tests/test_gemm_schedule.py checks this against each level's real schedule."""
+    return small_batch_below(best, tile_rows_for_level(best, best_registers, registers))
+
+
+def tile_rows_for_level(best: ScheduleStats, best_registers: RegisterFile, registers: RegisterFile) -> int:
+    """The row tile another ISA level's schedule of the same kernel takes (see
+    small_batch_below_for_level)."""
     filled = best.tile_rows == gemm_tile_rows(best_registers)
-    return small_batch_below(best, gemm_tile_rows(registers) if filled else best.tile_rows)
+    return gemm_tile_rows(registers) if filled else best.tile_rows
 
 
 def needs_serial_variant(stats: ScheduleStats) -> bool:

@@ -180,7 +180,8 @@ def kernel_table_source(kernels: Sequence[KernelSpec], levels: Sequence[TableLev
             for entry in entry_points:
                 lines.append(f"int __tvm_ffi_{entry}(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *ret);")
             below = kernel.small_batch_below_at(level.suffix)
-            small = f"__tvm_ffi_{small_name}, {int(below)}" if kernel.small_batch_below else "NULL, 0"
+            small = (f"__tvm_ffi_{small_name}, {int(below)}, {int(kernel.row_tile_at(level.suffix))}"
+                     if kernel.small_batch_below else "NULL, 0, 0")
             serial = f"__tvm_ffi_{serial_name}" if kernel.serial_variant else "NULL"
             level_entries.append(
                 f"    {{{c_string(kernel.name)}, __tvm_ffi_{name}, {small}, {serial}, {int(kernel.row_work)}, "

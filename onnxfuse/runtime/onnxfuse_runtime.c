@@ -58,6 +58,7 @@ typedef struct {
     tvm_kernel_fn fn;
     tvm_kernel_fn small_fn;   /* the same computation scheduled for small batches, or NULL */
     int64_t small_batch_below; /* small_fn runs when the product of the symbolic dims is below this */
+    int64_t row_tile;          /* > 0: rows separable, fn computes them in tiles of this many */
     tvm_kernel_fn serial_fn;  /* fn with a serial row loop, for calls without the pool; or NULL */
     int64_t row_work;          /* innermost iterations per unit of the symbolic dims; 0 if unknown */
     int32_t num_inputs;
@@ -501,33 +502,6 @@ static int through_the_pool(kernel_instance *instance) {
     return probe < PROBE_FIRST || probe % PROBE_EVERY == 0;
 }
 
-static OrtStatus *call_kernel(kernel_instance *instance, const OrtKernelContext *ctx, call_frame *frame) {
-    const kernel_desc *k = instance->kernel;
-    int32_t count = k->num_inputs + k->num_outputs;
-    for (int32_t i = 0; i < count; i++) {
-        frame->args[i].type_index = kTVMFFIDLTensorPtr;
-        frame->args[i].v_ptr = &frame->tensors[i];
-    }
-    TVMFFIAny result = {.type_index = kTVMFFINone};
-    last_error.message[0] = '\0';
-    const OrtKernelContext *outer = current_context;
-    int64_t batch = symbolic_batch(k, frame);
-    int on_pool = worth_the_pool(k, batch) && through_the_pool(instance);
-    current_context = on_pool ? ctx : NULL; /* NULL: parallel loops run inline */
-    launch_left_caller = 0;
-    int rc = variant_for(k, batch, on_pool)(NULL, frame->args, count, &result);
-    current_context = outer;
-    if (launch_left_caller) __atomic_store_n(&instance->pool_threads_seen, 1, __ATOMIC_RELAXED);
-    if (rc == 0) return NULL;
-    if (!last_error.message[0]) return fail(ORT_FAIL, k, "kernel failed (returned %d) without a message", rc);
-    return fail(last_error.code, k, "%s", last_error.message);
-}
-
-/* ---- Alignment -------------------------------------------------------------------------------
- * Kernels assume only element alignment of their tensors (codegen/param_alignment.py), which
- * onnxruntime's and numpy's memory always has. A tensor that is not even element aligned would
- * make a kernel fault, so it runs through an aligned copy: inputs copied in before the call,
- * outputs copied back after it. */
 static size_t element_bytes(const DLTensor *t) {
     return (size_t)((t->dtype.bits * t->dtype.lanes + 7) / 8);
 }
@@ -538,6 +512,89 @@ static size_t tensor_bytes(const DLTensor *t) {
     return n * element_bytes(t);
 }
 
+/* How many of a call's last rows the small variant computes after fn has computed the others
+ * (0: one call). fn's last row tile costs a whole tile's work however few rows it holds, the
+ * small variant a row's at a time; so rows short of small_batch_below go to the variant. The
+ * Python twin: kernel_spec.rows_left_to_small_variant. */
+static int64_t rows_left_to_small_variant(const kernel_desc *k, int64_t batch) {
+    if (k->row_tile <= 0 || !k->small_fn || batch < k->small_batch_below) return 0;
+    int64_t left = batch % k->row_tile;
+    return left < k->small_batch_below ? left : 0;
+}
+
+/* Whether tensor i (inputs, then outputs) leads with the symbol: a kernel with a row tile has one
+ * symbol, and it is the leading dim of every tensor that has it (codegen/row_slices.py). */
+static int leads_with_rows(const kernel_desc *k, int32_t i) {
+    const tensor_desc *desc = i < k->num_inputs ? &k->inputs[i] : &k->outputs[i - k->num_inputs];
+    return desc->rank > 0 && desc->dims[0] < 0;
+}
+
+/* Points every row tensor at its rows [first, first + rows). */
+static void slice_rows(const kernel_desc *k, call_frame *frame, const int64_t *row_bytes, char *const *data,
+                       int64_t first, int64_t rows) {
+    for (int32_t i = 0; i < k->num_inputs + k->num_outputs; i++) {
+        if (!row_bytes[i]) continue;
+        frame->tensors[i].shape[0] = rows;
+        frame->tensors[i].data = data[i] + first * row_bytes[i];
+    }
+}
+
+static int run_variant(kernel_instance *instance, const OrtKernelContext *ctx, call_frame *frame, int64_t batch) {
+    const kernel_desc *k = instance->kernel;
+    TVMFFIAny result = {.type_index = kTVMFFINone};
+    const OrtKernelContext *outer = current_context;
+    int on_pool = worth_the_pool(k, batch) && through_the_pool(instance);
+    current_context = on_pool ? ctx : NULL; /* NULL: parallel loops run inline */
+    launch_left_caller = 0;
+    int rc = variant_for(k, batch, on_pool)(NULL, frame->args, k->num_inputs + k->num_outputs, &result);
+    current_context = outer;
+    if (launch_left_caller) __atomic_store_n(&instance->pool_threads_seen, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
+/* The main kernel on the whole row tiles, then the small variant on the `left` rows after them. */
+static int run_in_row_slices(kernel_instance *instance, const OrtKernelContext *ctx, call_frame *frame,
+                             int64_t batch, int64_t left) {
+    const kernel_desc *k = instance->kernel;
+    int32_t count = k->num_inputs + k->num_outputs;
+    int64_t row_bytes[count];
+    char *data[count];
+    for (int32_t i = 0; i < count; i++) {
+        DLTensor *t = &frame->tensors[i];
+        row_bytes[i] = leads_with_rows(k, i) ? (int64_t)(tensor_bytes(t) / (size_t)batch) : 0;
+        data[i] = t->data;
+    }
+    slice_rows(k, frame, row_bytes, data, 0, batch - left);
+    int rc = run_variant(instance, ctx, frame, batch - left);
+    if (rc == 0) {
+        slice_rows(k, frame, row_bytes, data, batch - left, left);
+        rc = run_variant(instance, ctx, frame, left);
+    }
+    slice_rows(k, frame, row_bytes, data, 0, batch);
+    return rc;
+}
+
+static OrtStatus *call_kernel(kernel_instance *instance, const OrtKernelContext *ctx, call_frame *frame) {
+    const kernel_desc *k = instance->kernel;
+    int32_t count = k->num_inputs + k->num_outputs;
+    for (int32_t i = 0; i < count; i++) {
+        frame->args[i].type_index = kTVMFFIDLTensorPtr;
+        frame->args[i].v_ptr = &frame->tensors[i];
+    }
+    last_error.message[0] = '\0';
+    int64_t batch = symbolic_batch(k, frame);
+    int64_t left = rows_left_to_small_variant(k, batch);
+    int rc = left ? run_in_row_slices(instance, ctx, frame, batch, left) : run_variant(instance, ctx, frame, batch);
+    if (rc == 0) return NULL;
+    if (!last_error.message[0]) return fail(ORT_FAIL, k, "kernel failed (returned %d) without a message", rc);
+    return fail(last_error.code, k, "%s", last_error.message);
+}
+
+/* ---- Alignment -------------------------------------------------------------------------------
+ * Kernels assume only element alignment of their tensors (codegen/param_alignment.py), which
+ * onnxruntime's and numpy's memory always has. A tensor that is not even element aligned would
+ * make a kernel fault, so it runs through an aligned copy: inputs copied in before the call,
+ * outputs copied back after it. */
 static OrtStatus *stage_unaligned(const kernel_desc *k, call_frame *frame) {
     void **original = frame->original;
     for (int32_t i = 0; i < k->num_inputs + k->num_outputs; i++) {
