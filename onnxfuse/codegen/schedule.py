@@ -977,10 +977,8 @@ def _block_sums_per_register_tile(sch, stats: ScheduleStats, sums_rv, tile_loop,
 def _tail_per_register_tile(sch, stats: ScheduleStats, block_rv, writeback, tile_loop):
     """A blocked product with a ragged last block (gemm_blocks): that block's sums, a small GEMM
     of their own over the same register tiles, run in the same tile loops, so the add of them
-    follows each register tile like the product's other readers. TVM moves a block under a loop
-    only with all its producers there (and a producer only with its consumers), so the two loop
-    nests are merged level by level instead; where they differ the add stays per row tile.
-    Returns the add and the (merged) tile loop where the add follows the register tiles, else None."""
+    follows each register tile like the product's other readers (_add_per_merged_tile).
+    Returns the add and the merged tile loop where the add follows the register tiles, else None."""
     add = next((c for c in sch.get_consumers(writeback) if gemm_blocks.is_with_tail(sch.get(c))), None)
     if add is None:
         return None
@@ -988,23 +986,7 @@ def _tail_per_register_tile(sch, stats: ScheduleStats, block_rv, writeback, tile
              any(gemm_blocks.is_tail_sum(sch.get(q)) for q in sch.get_producers(p))]
     if len(tails) != 1:
         return None
-    own, tail = list(sch.get_loops(block_rv)), list(sch.get_loops(tails[0]))
-    depth = next((d for d, (a, b) in enumerate(zip(own, tail)) if not sch.get(a).same_as(sch.get(b))), None)
-    last = next((d for d, loop in enumerate(own) if sch.get(loop).same_as(sch.get(tile_loop))), None)
-    if depth is None or last is None or len(tail) <= last:
-        return None
-    for d in range(depth, last + 1):
-        if _static(sch.get(own[d]).extent) != _static(sch.get(tail[d]).extent):
-            return None
-        if not _try(stats, f"merge tile loops {sch.get(add).name_hint}", lambda: sch.merge(tail[d], own[d])):
-            return None
-        own, tail = list(sch.get_loops(block_rv)), list(sch.get_loops(tails[0]))
-    if not _try(stats, f"epilogue per register tile {sch.get(add).name_hint}",
-                lambda: sch.reverse_compute_at(add, own[last], preserve_unit_loops=True)):
-        return None
-    stats.epilogues_per_tile += 1
-    _try(stats, f"inline {sch.get(writeback).name_hint}", lambda: sch.compute_inline(writeback))
-    return add, own[last]
+    return _add_per_merged_tile(sch, stats, add, writeback, block_rv, tails[0], tile_loop)
 
 
 def _is_tile_write_back(block) -> bool:
@@ -1015,33 +997,41 @@ def _is_tile_write_back(block) -> bool:
 
 def _sum_per_register_tile(sch, stats: ScheduleStats, block_rv, writeback, tile_loop):
     """Two products summed elementwise (a recurrent cell's `X W + H R`, then its bias): the
-    product scheduled first is computed for the same register tile just before this one, their
-    tile loops merged level by level (as _tail_per_register_tile merges a blocked product's
-    tail), so the sum runs on the two tiles just stored instead of as a pass over the row tile.
-    Returns the sum and the merged tile loop, else None."""
-    add = next((c for c in sch.get_consumers(writeback)
-                if any(_is_tile_write_back(sch.get(p)) and not sch.get(p).same_as(sch.get(writeback))
-                       for p in sch.get_producers(c))), None)
+    product scheduled first is computed for the same register tile just before this one, so the
+    sum runs on the two tiles just computed instead of as a pass over the row tile
+    (_add_per_merged_tile). Returns the sum and the merged tile loop, else None."""
+    def other_tile(block):
+        return _is_tile_write_back(sch.get(block)) and not sch.get(block).same_as(sch.get(writeback))
+    add = next((c for c in sch.get_consumers(writeback) if any(other_tile(p) for p in sch.get_producers(c))), None)
     if add is None:
         return None
-    other = next(p for p in sch.get_producers(add)
-                 if _is_tile_write_back(sch.get(p)) and not sch.get(p).same_as(sch.get(writeback)))
+    other = next(p for p in sch.get_producers(add) if other_tile(p))
     results = [sch.get(writeback).writes[0].source, sch.get(other).writes[0].source]
     if not _reads_tile_results_only(sch, add, results):
         return None
-    own, theirs = list(sch.get_loops(writeback)), list(sch.get_loops(other))
+    return _add_per_merged_tile(sch, stats, add, writeback, writeback, other, tile_loop)
+
+
+def _add_per_merged_tile(sch, stats: ScheduleStats, add, writeback, block_rv, other_rv, tile_loop):
+    """`add`, which reads the register tiles of two loop nests (block_rv's, under tile_loop, and
+    other_rv's), moved right after them, with the write-back it reads inlined into it (it adds
+    the accumulators still in registers). TVM moves a block under a loop only with all its
+    producers there (and a producer only with its consumers), so the two nests are merged level
+    by level first, from where they part down to the register tile; where their extents differ
+    nothing is merged and the add stays per row tile. Returns the add and the merged tile loop,
+    else None."""
+    name = sch.get(add).name_hint
+    own, theirs = list(sch.get_loops(block_rv)), list(sch.get_loops(other_rv))
     depth = next((d for d, (a, b) in enumerate(zip(own, theirs)) if not sch.get(a).same_as(sch.get(b))), None)
     last = next((d for d, loop in enumerate(own) if sch.get(loop).same_as(sch.get(tile_loop))), None)
     if depth is None or last is None or len(theirs) <= last or depth > last:
         return None
-    for d in range(depth, last + 1):
-        if _static(sch.get(own[d]).extent) != _static(sch.get(theirs[d]).extent):
-            return None
-    name = sch.get(add).name_hint
+    if any(_static(sch.get(own[d]).extent) != _static(sch.get(theirs[d]).extent) for d in range(depth, last + 1)):
+        return None
     for d in range(depth, last + 1):
         if not _try(stats, f"merge tile loops {name}", lambda: sch.merge(theirs[d], own[d])):
             return None
-        own, theirs = list(sch.get_loops(writeback)), list(sch.get_loops(other))
+        own, theirs = list(sch.get_loops(block_rv)), list(sch.get_loops(other_rv))
     if not _try(stats, f"epilogue per register tile {name}",
                 lambda: sch.reverse_compute_at(add, own[last], preserve_unit_loops=True)):
         return None
