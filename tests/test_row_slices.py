@@ -7,11 +7,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+import tvm
 from conftest import MODELS, run_both
 from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from tvm.script import tirx as T
+from tvm import te
 
 from onnxfuse import optimize
 from onnxfuse.codegen import relax_import
@@ -66,33 +67,19 @@ def test_a_transpose_moving_the_batch_inward_is_not():
     assert not _separable(model)
 
 
-@T.prim_func(s_tir=True)
-def _reversed_rows(x: T.handle, y: T.handle):
-    N = T.int64()
-    X = T.match_buffer(x, (N, T.int64(64)), "float32")
-    Y = T.match_buffer(y, (N, T.int64(64)), "float32")
-    for i, j in T.grid(N, T.int64(64)):
-        with T.sblock("reversed"):
-            vi, vj = T.axis.remap("SS", [i, j])
-            Y[vi, vj] = X[N - T.int64(1) - vi, vj]
-
-
-@T.prim_func(s_tir=True)
-def _doubled_rows(x: T.handle, y: T.handle):
-    N = T.int64()
-    X = T.match_buffer(x, (N, T.int64(64)), "float32")
-    Y = T.match_buffer(y, (N, T.int64(64)), "float32")
-    for i, j in T.grid(N, T.int64(64)):
-        with T.sblock("doubled"):
-            vi, vj = T.axis.remap("SS", [i, j])
-            Y[vi, vj] = X[vi, vj] * T.float32(2)
+def _rows_read_at(row_of) -> tvm.tirx.PrimFunc:
+    """y[i] = 2 x[row_of(i, N)] over [N, 64]."""
+    n = tvm.tirx.Var("N", "int64")
+    x = te.placeholder((n, 64), "float32", name="x")
+    y = te.compute((n, 64), lambda i, j: x[row_of(i, n), j] * tvm.tirx.const(2.0, "float32"), name="y")
+    return te.create_prim_func([x, y])
 
 
 def test_rows_read_in_reverse_are_not():
     """y[i] = x[N - 1 - i]: the row a slice reads depends on N (no exporter's op imports so here,
-    so the function is written by hand; its row-wise twin qualifies)."""
-    assert not separable_rows(_reversed_rows)
-    assert separable_rows(_doubled_rows)
+    so the function is built by hand; its row-wise twin qualifies)."""
+    assert not separable_rows(_rows_read_at(lambda i, n: n - 1 - i))
+    assert separable_rows(_rows_read_at(lambda i, n: i))
 
 
 def test_two_symbols_are_not():

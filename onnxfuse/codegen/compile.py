@@ -83,12 +83,10 @@ class CompiledGroup:
         if not left:
             return self._run_rows(values, bindings)
         (symbol,) = bindings  # a row tile is set for kernels with one symbol only (row_slices)
-        rows = [isinstance(t.shape[0], str) if t.shape else False for t in self.spec.inputs]
-        head = [v[: batch - left] if row else v for v, row in zip(values, rows)]
-        tail = [v[batch - left:] if row else v for v, row in zip(values, rows)]
+        head = [v[: batch - left] if _leads_with_rows(t) else v for v, t in zip(values, self.spec.inputs)]
+        tail = [v[batch - left:] if _leads_with_rows(t) else v for v, t in zip(values, self.spec.inputs)]
         outputs = zip(self.spec.outputs, self._run_rows(head, {symbol: batch - left}), self._run_rows(tail, {symbol: left}))
-        return [np.concatenate([first, rest]) if spec.shape and isinstance(spec.shape[0], str) else first
-                for spec, first, rest in outputs]
+        return [np.concatenate([first, rest]) if _leads_with_rows(spec) else first for spec, first, rest in outputs]
 
     def _run_rows(self, values: list, bindings: dict[str, int]) -> list[np.ndarray]:
         kernel = self._kernel(bindings)
@@ -126,6 +124,11 @@ class CompiledGroup:
         self.build_host_kernel()
         small = self.spec.small_batch_below and int(np.prod(list(bindings.values()))) < self.spec.small_batch_below
         return self._host_kernel[self.spec.small_name if small else self.spec.name]
+
+
+def _leads_with_rows(tensor: TensorSpec) -> bool:
+    """Whether the tensor's leading dim is the kernel's symbol (the runtime's leads_with_rows)."""
+    return bool(tensor.shape) and isinstance(tensor.shape[0], str)
 
 
 def _bind_symbols(specs, values) -> dict[str, int]:

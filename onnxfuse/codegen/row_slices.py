@@ -4,7 +4,7 @@ batch-leading tensor and one on the rest, give the bits one call gives.
 Why: a GEMM group's main kernel computes whole row tiles (6 rows on AVX-512), its last tile
 clamped past the batch (clamped_tail), so at batch 64 it computes 66 rows and at 62 it computes
 66 too. The runtime can instead call the main kernel on the whole tiles and the small-batch
-variant (one row at a time) on the few rows left (onnxfuse_runtime.c, rows_left_to_the_small_variant),
+variant (one row at a time) on the few rows left (onnxfuse_runtime.c, rows_left_to_small_variant),
 which is sound only when each output row depends on the same row of the inputs and on nothing
 else of the batch.
 
@@ -33,12 +33,10 @@ def _row_buffer(buffer, n) -> bool | None:
     uses = [tir_walk.uses_var(extent, n) for extent in buffer.shape]
     if not any(uses):
         return False
-    if not uses[0] or any(uses[1:]) or not buffer.shape[0].same_as(n):
-        return None
-    return True
+    return None if any(uses[1:]) or not buffer.shape[0].same_as(n) else True
 
 
-def _row_var(region, n):
+def _row_var(region):
     """The block variable indexing a row buffer's leading dim in `region` (one row, the other dims
     free of it), else None."""
     first = region.region[0]
@@ -49,27 +47,31 @@ def _row_var(region, n):
     return first.min
 
 
+def _computes_with(block, n) -> bool:
+    """Whether the block's values use N itself (outside buffer indices)."""
+    return any(isinstance(node, tvm.tirx.Var) and node.same_as(n)
+               for value in tir_walk.store_value_exprs(block) for node in tir_walk.iter_nodes_outside_indices(value))
+
+
 def _block_is_row_wise(block, n) -> bool:
+    if _computes_with(block, n):
+        return False
     rows = []
     for region in [*block.reads, *block.writes]:
         kind = _row_buffer(region.source, n)
         if kind is None:
             return False
         if kind:
-            rows.append(_row_var(region, n))
+            rows.append(_row_var(region))
     if not rows:
-        return not any(node.same_as(n) for value in tir_walk.store_value_exprs(block)
-                       for node in tir_walk.iter_nodes_outside_indices(value) if isinstance(node, tvm.tirx.Var))
+        return True
     row = rows[0]
     if row is None or any(r is None or not r.same_as(row) for r in rows):
         return False
     if not any(_row_buffer(w.source, n) for w in block.writes):
         return False  # reads rows, writes none: it reduces over the batch
     iter_var = next((iv for iv in block.iter_vars if iv.var.same_as(row)), None)
-    if iter_var is None or int(iter_var.iter_type) != SPATIAL or not iter_var.dom.extent.same_as(n):
-        return False
-    return not any(isinstance(node, tvm.tirx.Var) and node.same_as(n)
-                   for value in tir_walk.store_value_exprs(block) for node in tir_walk.iter_nodes_outside_indices(value))
+    return iter_var is not None and int(iter_var.iter_type) == SPATIAL and iter_var.dom.extent.same_as(n)
 
 
 def separable_rows(func: tvm.tirx.PrimFunc) -> bool:
